@@ -1,0 +1,41 @@
+"""nbtools: the plumbing behind the Accelerate-on-Ascend notebook series.
+
+Device detection (device.py), the launcher (launcher.py), expected-output matching
+(expected.py), check verdicts (checks.py), parameters and work dirs (params.py),
+the notebook runner (runner.py, report.py), the hygiene check (hygiene.py) and the
+doctor (doctor.py). Importing this package never imports torch.
+"""
+
+from .checks import SEED_CHECKS, passed, skipped
+from .device import DeviceInfo, LaunchPlan, detect
+from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
+from .expected import assert_matches, match, parse_kv
+from .launcher import Result, accelerate_launch, free_port, run
+from .params import cleanup, validate, work_dir
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "SEED_CHECKS",
+    "DeviceError",
+    "DeviceInfo",
+    "LaunchError",
+    "LaunchPlan",
+    "LaunchTimeout",
+    "NbtoolsError",
+    "OutputMismatch",
+    "ParameterError",
+    "Result",
+    "accelerate_launch",
+    "assert_matches",
+    "cleanup",
+    "detect",
+    "free_port",
+    "match",
+    "parse_kv",
+    "passed",
+    "run",
+    "skipped",
+    "validate",
+    "work_dir",
+]

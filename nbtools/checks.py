@@ -1,0 +1,48 @@
+"""Check ids, the tag scheme, and the verdict lines assertion cells print.
+
+Tag scheme (documented in README): an assertion cell carries the cell tag
+``check:<id>`` (e.g. ``check:acc-launch``). It runs plain ``assert`` statements and
+ends with ``passed("<id>")``; a check that cannot run here calls
+``skipped("<id>", "<reason>")`` instead. The runner reads the executed notebook:
+an error in the cell -> failed; a verdict line -> passed / skipped; no verdict, or the
+cell never ran -> failed.
+"""
+
+from __future__ import annotations
+
+import re
+
+# The seed's 12 checked commands, in order (FACTS.md).
+SEED_CHECKS = (
+    "check-py",
+    "check-torch",
+    "acc-install-binary",
+    "acc-install-source",
+    "acc-env",
+    "acc-launch",
+    "acc-train-single",
+    "acc-prepare",
+    "acc-launch-bf16",
+    "acc-gather-multi",
+    "acc-empty-weights",
+    "acc-dispatch",
+)
+TAG_PREFIX = "check:"
+VERDICT = re.compile(r"^\[check\] (PASSED|SKIPPED) (\S+)(?: -- (.*))?$", re.MULTILINE)
+
+
+def check_ids(tags) -> list[str]:
+    """The check ids named by a cell's tags."""
+    return [t[len(TAG_PREFIX):] for t in tags or () if isinstance(t, str) and t.startswith(TAG_PREFIX)]
+
+
+def passed(check_id: str, detail: str = "") -> None:
+    """Print the verdict line of a check whose assertions all held (call it last in the cell)."""
+    print(f"[check] PASSED {check_id}" + (f" -- {detail}" if detail else ""))
+
+
+def skipped(check_id: str, reason: str) -> None:
+    """Print the verdict line of a check that cannot run here, with the reason recorded in the report."""
+    if not reason:
+        raise ValueError("a skip needs its reason")
+    print(f"[check] SKIPPED {check_id} -- {reason}")

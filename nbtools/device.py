@@ -1,0 +1,322 @@
+"""Device detection: what this machine is, and how to start a real N-process group here.
+
+The probe runs in a child Python process, for three reasons:
+- a broken torch_npu (installed without CANN) makes ``import torch`` itself raise;
+  the child absorbs that and we report it with its fix instead of crashing;
+- initialising an NPU in the notebook kernel breaks ``notebook_launcher``'s fork
+  later ("Cannot re-initialize NPU in forked subprocess");
+- tests can substitute the probe's answers (``detect(probe=...)``) to exercise the
+  NPU and CUDA branches on a CPU-only machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from importlib import metadata
+
+from .errors import DeviceError
+
+KINDS = ("npu", "cuda", "cpu")
+BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
+VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
+DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
+CANN_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+CANN_FIX = (
+    f"source {CANN_SET_ENV} (or your image's CANN set_env.sh) before starting "
+    "Python/JupyterLab, then restart the kernel; if CANN is not installed, install the "
+    "CANN toolkit matching torch_npu (https://ascend.github.io/docs/sources/ascend/quick_install.html)"
+)
+
+# Runs in a child interpreter; prints one JSON object.
+_PROBE = r"""
+import json, sys
+out = {"python": sys.version.split()[0]}
+try:
+    import torch
+    out["torch"] = torch.__version__
+except BaseException as exc:
+    out["torch_error"] = f"{type(exc).__name__}: {exc}"
+    print(json.dumps(out)); sys.exit(0)
+try:
+    import torch_npu
+    out["torch_npu"] = getattr(torch_npu, "__version__", "unknown")
+    out["cann"] = getattr(getattr(torch, "version", None), "cann", None)
+    out["npu_available"] = bool(torch.npu.is_available())
+    n = torch.npu.device_count() if out["npu_available"] else 0
+    out["npu_count"] = n
+    out["npu_names"] = [torch.npu.get_device_name(i) for i in range(n)]
+except ModuleNotFoundError:
+    pass
+except BaseException as exc:
+    out["torch_npu_error"] = f"{type(exc).__name__}: {exc}"
+try:
+    out["cuda_available"] = bool(torch.cuda.is_available())
+    n = torch.cuda.device_count() if out["cuda_available"] else 0
+    out["cuda_count"] = n
+    out["cuda_names"] = [torch.cuda.get_device_name(i) for i in range(n)]
+    out["cuda_bf16"] = bool(n and torch.cuda.is_bf16_supported())
+except BaseException as exc:
+    out["cuda_error"] = f"{type(exc).__name__}: {exc}"
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Problem:
+    """Something wrong with the setup, and what to do about it."""
+
+    what: str
+    fix: str
+    blocking: bool = True
+
+
+@dataclass
+class LaunchPlan:
+    """How to start a real ``num_processes`` group on this machine."""
+
+    device: str  # the device type every rank will use: npu / cuda / cpu
+    num_processes: int
+    backend: str  # expected torch.distributed backend when num_processes > 1
+    distributed_type: str  # expected accelerate DistributedType name
+    env: dict[str, str]  # variables to put in front of `accelerate launch`
+    flags: list[str]  # `accelerate launch` flags (port and precision added by the launcher)
+    devices: list[str]  # the torch devices the ranks use, e.g. ["npu:0", "npu:1"]
+    fallback: bool = False  # True when the CPU (gloo) route stands in for missing accelerators
+    note: str = ""
+
+
+@dataclass
+class DeviceInfo:
+    kind: str  # npu / cuda / cpu: the best accelerator usable here
+    count: int
+    names: list[str]
+    versions: dict[str, str | None]
+    visible_var: str | None
+    visible_devices: str | None
+    problems: list[Problem] = field(default_factory=list)
+    bf16: bool = True  # bf16 supported on this device kind
+    raw: dict = field(default_factory=dict)
+
+    @property
+    def backend(self) -> str:
+        return BACKENDS[self.kind]
+
+    @property
+    def healthy(self) -> bool:
+        return not any(p.blocking for p in self.problems)
+
+    @property
+    def mixed_precisions(self) -> tuple[str, ...]:
+        if self.kind == "cpu":
+            return ("no", "bf16")
+        return ("no", "fp16", "bf16") if self.bf16 else ("no", "fp16")
+
+    def device(self, index: int = 0) -> str:
+        """torch device string for the index-th device of this kind ('cpu' on CPU)."""
+        return "cpu" if self.kind == "cpu" else f"{self.kind}:{index}"
+
+    def plan(self, num_processes: int = 2, device: str = "auto") -> LaunchPlan:
+        """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).
+
+        When fewer accelerators are visible than processes asked for, the plan is the
+        CPU (gloo) route and says so: ``fallback`` is True and ``note`` explains.
+        """
+        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
+            raise DeviceError(f"num_processes={num_processes!r}: expected an integer >= 1")
+        kind = self.resolve(device)
+        note = ""
+        fallback = False
+        if kind != "cpu" and self.count < num_processes:
+            fallback = True
+            note = (
+                f"CPU (gloo) stand-in: {num_processes} processes asked, but only {self.count} "
+                f"{kind.upper()} device(s) visible ({self.visible_var}={self.visible_devices or 'unset'}); "
+                f"hccl/nccl collectives are NOT exercised by this run"
+            )
+            kind = "cpu"
+        env: dict[str, str] = {}
+        flags = ["--num_processes", str(num_processes), "--num_machines", "1", "--dynamo_backend", "no"]
+        if kind == "cpu":
+            devices = ["cpu"] * num_processes
+            if num_processes > 1:
+                # FACTS.md: only this combination gives a real multi-process group on CPU.
+                env["ACCELERATE_USE_CPU"] = "1"
+                flags = ["--multi_gpu", *flags]
+            else:
+                flags = ["--cpu", *flags]
+            if not note:
+                note = (
+                    f"CPU: {num_processes} process(es), gloo backend"
+                    if self.kind == "cpu"
+                    else f"CPU requested although {self.count} {self.kind.upper()} device(s) are visible"
+                )
+        else:
+            visible = _visible_list(self.visible_devices, self.count)[:num_processes]
+            env[VISIBLE_VARS[kind]] = ",".join(visible)
+            if num_processes > 1:
+                flags = ["--multi_gpu", *flags]
+            devices = [f"{kind}:{i}" for i in range(num_processes)]
+            note = f"{kind.upper()}: {num_processes} process(es) on {', '.join(self.names[:num_processes]) or kind}"
+        return LaunchPlan(
+            device=kind,
+            num_processes=num_processes,
+            backend=BACKENDS[kind],
+            distributed_type=DISTRIBUTED_TYPES[kind] if num_processes > 1 else "NO",
+            env=env,
+            flags=flags,
+            devices=devices,
+            fallback=fallback,
+            note=note,
+        )
+
+    def resolve(self, device: str = "auto") -> str:
+        """Turn a ``device`` parameter into a device kind present here, or raise with what to do."""
+        if device not in ("auto", *KINDS):
+            raise DeviceError(f"device={device!r} is not known: use one of 'auto', 'npu', 'cuda', 'cpu'")
+        if device == "auto":
+            return self.kind
+        if device == "cpu" or device == self.kind:
+            return device
+        hints = "; ".join(f"{p.what} -> {p.fix}" for p in self.problems) or (
+            "run `python -m nbtools doctor` to see what this machine has"
+        )
+        raise DeviceError(
+            f"device={device!r} asked, but this machine's accelerator is {self.kind!r} "
+            f"({self.count} device(s)). Use device='auto' or '{self.kind}'. {hints}"
+        )
+
+    def summary(self) -> str:
+        v = self.versions
+        dev = f"{self.kind.upper()} x{self.count}" if self.kind != "cpu" else "CPU only (no NPU/CUDA visible)"
+        names = f" ({', '.join(sorted(set(self.names)))})" if self.names else ""
+        parts = [f"device: {dev}{names}, backend {self.backend}"]
+        parts.append(
+            "versions: "
+            + ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k))
+        )
+        for p in self.problems:
+            parts.append(f"PROBLEM: {p.what}\n  fix: {p.fix}")
+        return "\n".join(parts)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["backend"] = self.backend
+        d.pop("raw", None)
+        return d
+
+
+def _visible_list(value: str | None, count: int) -> list[str]:
+    if value:
+        items = [x.strip() for x in value.split(",") if x.strip()]
+        if items:
+            return items
+    return [str(i) for i in range(count)]
+
+
+def _pkg_version(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def run_probe(python: str | None = None, timeout: float = 120) -> dict:
+    """Run the probe in a child interpreter and return its answers."""
+    env = dict(os.environ)
+    try:
+        proc = subprocess.run(
+            [python or sys.executable, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"probe_error": f"the device probe did not answer within {timeout:.0f} s (hung driver?)"}
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+        return {"probe_error": f"the device probe exited {proc.returncode}: " + " | ".join(tail)}
+    return json.loads(lines[-1])
+
+
+def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
+    """Build a DeviceInfo from probe answers (real or substituted in tests)."""
+    environ = os.environ if environ is None else environ
+    versions = {
+        "python": probe.get("python") or sys.version.split()[0],
+        "torch": probe.get("torch") or _pkg_version("torch"),
+        "torch_npu": probe.get("torch_npu") or _pkg_version("torch-npu") or _pkg_version("torch_npu"),
+        "cann": probe.get("cann"),
+        "accelerate": _pkg_version("accelerate"),
+        "transformers": _pkg_version("transformers"),
+    }
+    problems: list[Problem] = []
+    err = probe.get("torch_error") or probe.get("torch_npu_error") or probe.get("probe_error")
+    if err:
+        npu_related = "torch_npu" in err or "libhccl" in err or "libascend" in err or "Ascend" in err
+        if npu_related or probe.get("torch_npu_error"):
+            problems.append(Problem(f"torch_npu is installed but cannot load: {err}", CANN_FIX))
+        elif probe.get("torch_error"):
+            problems.append(
+                Problem(
+                    f"import torch failed: {err}",
+                    "install torch (CPU/CUDA: `pip install torch`; NPU: the torch matching torch_npu, "
+                    "see requirements-npu.txt)",
+                )
+            )
+        else:
+            problems.append(Problem(err, "run `python -m nbtools doctor` for details"))
+    kind, count, names, bf16 = "cpu", 0, [], True
+    if probe.get("npu_available") and probe.get("npu_count", 0) > 0:
+        kind, count, names = "npu", probe["npu_count"], list(probe.get("npu_names") or [])
+        bf16 = not any("310P" in n for n in names)  # FACTS.md: 310P fails bf16 at run time
+    elif probe.get("cuda_available") and probe.get("cuda_count", 0) > 0:
+        kind, count, names = "cuda", probe["cuda_count"], list(probe.get("cuda_names") or [])
+        bf16 = bool(probe.get("cuda_bf16", True))
+    elif versions["torch_npu"] and not err and probe.get("torch_npu"):
+        problems.append(
+            Problem(
+                "torch_npu imports but sees no NPU (torch.npu.is_available() is False)",
+                "check `npu-smi info`, the device mounts of your container (/dev/davinci*), "
+                "and ASCEND_RT_VISIBLE_DEVICES; the series falls back to the CPU meanwhile",
+                blocking=False,
+            )
+        )
+    var = VISIBLE_VARS.get(kind)
+    return DeviceInfo(
+        kind=kind,
+        count=count,
+        names=names,
+        versions=versions,
+        visible_var=var,
+        visible_devices=environ.get(var) if var else None,
+        problems=problems,
+        bf16=bf16,
+        raw=dict(probe),
+    )
+
+
+_CACHE: dict[tuple, DeviceInfo] = {}
+CACHE_ENV = "NBTOOLS_DEVICE_PROBE"  # JSON probe answers handed down by the runner
+
+
+def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
+    """Tell what this machine is. Never raises: problems are listed in ``.problems``."""
+    if probe is not None:
+        return from_probe(probe)
+    key = (sys.executable, os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if refresh or key not in _CACHE:
+        cached = os.environ.get(CACHE_ENV)
+        answers = None
+        if cached and not refresh:
+            try:
+                answers = json.loads(cached)
+            except ValueError:
+                answers = None
+        _CACHE[key] = from_probe(answers if answers is not None else run_probe())
+    return _CACHE[key]

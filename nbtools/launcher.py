@@ -1,0 +1,314 @@
+"""Run `accelerate launch` (or any command) from a notebook cell, safely.
+
+- prints the exact command a learner would type in a terminal, env prefix included;
+- streams the output live into the cell and captures it;
+- raises LaunchError on a non-zero exit (with the failing rank's last lines), on an
+  error marker in the output, and LaunchTimeout past the timeout;
+- runs the child in its own session and stops the whole process tree (workers
+  included) on timeout, failure and KeyboardInterrupt (JupyterLab's stop button);
+- picks a free rendezvous port, sets PYTHONUNBUFFERED=1, keeps Hugging Face offline.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .device import LaunchPlan
+from .errors import LaunchError, LaunchTimeout
+from .expected import parse_kv
+from .params import validate
+from .proctree import ProcessTree
+
+# The seed's doc-test engine fails a run whose output holds any of these.
+ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+_PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
+
+
+@dataclass
+class Result:
+    command: str  # as a learner would type it
+    argv: list[str]
+    returncode: int
+    output: str
+    duration_s: float
+    plan: LaunchPlan | None = None
+    port: int | None = None
+    killed: list[int] = field(default_factory=list)
+
+    @property
+    def kv(self) -> dict[str, str]:
+        """``key=value`` lines of the output (see expected.parse_kv)."""
+        return parse_kv(self.output)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
+    prefix = " ".join(f"{k}={shlex.quote(v)}" for k, v in (env or {}).items())
+    return (prefix + " " if prefix else "") + shlex.join(argv)
+
+
+def _executable(name: str) -> str:
+    """Prefer the tool installed beside this interpreter (the kernel's venv), then PATH."""
+    local = Path(sys.executable).with_name(name)
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise LaunchError(f"`{name}` is not installed in this environment ({sys.executable}); `pip install {name}`")
+    return found
+
+
+def run(
+    argv: list[str],
+    *,
+    env: dict[str, str] | None = None,
+    shown_env: dict[str, str] | None = None,
+    cwd: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    timeout_name: str = "timeout",
+    check: bool = True,
+    echo: bool = True,
+    markers: tuple[str, ...] = ERROR_MARKERS,
+    offline: bool = True,
+    shown: str | None = None,
+    unset: tuple[str, ...] = (),
+) -> Result:
+    """Run ``argv`` streaming its output; stop its whole process tree on any way out.
+
+    ``env`` is added to the current environment and shown in the printed command
+    (``shown_env`` overrides what is shown). ``shown`` replaces the printed command.
+    """
+    full_env = dict(os.environ)
+    full_env["PYTHONUNBUFFERED"] = "1"
+    if offline:
+        full_env.update(OFFLINE_ENV)
+    full_env.update(env or {})
+    for name in unset:
+        full_env.pop(name, None)
+    command = shown or shell_line(argv, env if shown_env is None else shown_env)
+    out = sys.stdout
+    if echo:
+        out.write(f"$ {command}\n")
+        out.flush()
+    start = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            cwd=cwd,
+            env=full_env,
+            start_new_session=True,  # own process group: a kernel interrupt does not hit it half-way
+        )
+    except FileNotFoundError as exc:
+        raise LaunchError(f"cannot start `{argv[0]}`: {exc}") from exc
+    tree = ProcessTree(proc.pid)
+    lines: list[str] = []
+    q: queue.Queue = queue.Queue()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for raw in iter(proc.stdout.readline, b""):
+            q.put(raw.decode("utf-8", errors="replace"))
+        q.put(None)
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    deadline = None if timeout is None else start + timeout
+    last_refresh = 0.0
+    try:
+        eof = False
+        while not eof or proc.poll() is None:
+            now = time.monotonic()
+            if deadline is not None and now > deadline:
+                _drain(q, lines, out if echo else None)
+                before = "".join(lines)  # what it printed before we stopped it
+                killed = tree.stop()
+                _drain(q, lines, None)
+                result = Result(command, list(argv), -9, "".join(lines), time.monotonic() - start, killed=killed)
+                raise LaunchTimeout(_timeout_message(result, before, timeout, timeout_name), result)
+            if now - last_refresh > 0.3:
+                tree.refresh()
+                last_refresh = now
+            if eof:
+                time.sleep(0.05)
+                continue
+            try:
+                item = q.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            if item is None:
+                eof = True
+                continue
+            lines.append(item)
+            if echo:
+                out.write(item)
+                out.flush()
+    except KeyboardInterrupt:
+        killed = tree.stop()
+        n = len(tree.known)
+        out.write(f"\n[nbtools] interrupted: stopped `{command[:80]}` and its {n} process(es); none is left running.\n")
+        out.flush()
+        raise
+    returncode = proc.wait()
+    reader.join(timeout=5)
+    _drain(q, lines, out if echo else None)
+    killed = []
+    if tree.leftovers():
+        killed = tree.stop(grace=2.0)
+    result = Result(command, list(argv), returncode, "".join(lines), time.monotonic() - start, killed=killed)
+    if check:
+        _raise_on_failure(result, markers)
+    return result
+
+
+def _drain(q: queue.Queue, lines: list[str], out) -> None:
+    while True:
+        try:
+            item = q.get_nowait()
+        except queue.Empty:
+            return
+        if item is None:
+            continue
+        lines.append(item)
+        if out is not None:
+            out.write(item)
+            out.flush()
+
+
+def _tail(text: str, n: int = 25) -> str:
+    return "\n".join("    " + ln for ln in text.rstrip().splitlines()[-n:])
+
+
+def failing_rank(output: str) -> int | None:
+    """The first rank whose own traceback appears, else the rank torch elastic names as root cause."""
+    tb = re.search(r"^\[rank(\d+)\]:\s*Traceback", output, re.MULTILINE)
+    if tb:
+        return int(tb.group(1))
+    root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
+    return int(root.group(1)) if root else None
+
+
+def _rank_lines(output: str, rank: int, n: int = 20) -> str:
+    mine = [ln for ln in output.splitlines() if ln.startswith(f"[rank{rank}]:")]
+    return "\n".join("    " + ln for ln in mine[-n:])
+
+
+def _raise_on_failure(result: Result, markers: tuple[str, ...]) -> None:
+    found = [m for m in markers if m in result.output]
+    if result.returncode == 0 and not found:
+        return
+    head = (
+        f"command failed with exit code {result.returncode} after {result.duration_s:.1f} s"
+        if result.returncode != 0
+        else f"command exited 0 but its output holds the error marker {found[0]!r} ({result.duration_s:.1f} s)"
+    )
+    rank = failing_rank(result.output)
+    if rank is not None and _rank_lines(result.output, rank):
+        detail = f"Rank {rank} failed first; its last lines:\n{_rank_lines(result.output, rank)}"
+    else:
+        detail = f"Last lines of the output:\n{_tail(result.output)}"
+    if result.killed:
+        detail += f"\n(stopped {len(result.killed)} leftover process(es) of this launch)"
+    raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result)
+
+
+def _timeout_message(result: Result, before: str, timeout: float | None, timeout_name: str) -> str:
+    return (
+        f"stopped after {timeout_name}={timeout:g} s: the command was still running "
+        f"(every process of it has been ended).\n  $ {result.command}\n"
+        f"If the machine is only slow, raise `{timeout_name}`; if it hangs (e.g. a rank waiting in a "
+        f"collective for a peer that never comes), see its last lines before the stop:\n{_tail(before, 15)}"
+    )
+
+
+def accelerate_launch(
+    script: str | os.PathLike,
+    *script_args: str,
+    num_processes: int = 2,
+    mixed_precision: str = "no",
+    device: str = "auto",
+    timeout: float | None = 600,
+    timeout_name: str = "timeout_s",
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    extra_flags: tuple[str, ...] = (),
+    cwd: str | os.PathLike | None = None,
+    offline: bool = True,
+    check: bool = True,
+    echo: bool = True,
+) -> Result:
+    """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
+
+    The flags and env come from ``detect().plan(...)``: on NPU/CUDA the visible-devices
+    variable, on a CPU-only host ``ACCELERATE_USE_CPU=1 ... --multi_gpu`` (the only way to
+    get a real gloo group there). If a rendezvous port is taken meanwhile, retries on another.
+    """
+    info = validate(device=device, num_processes=num_processes, mixed_precision=mixed_precision, timeout_s=timeout)
+    plan = info.plan(num_processes, device)
+    if plan.fallback and echo:
+        print(f"[nbtools] NOTE {plan.note}")
+    run_env = dict(plan.env, **(env or {}))
+    base_argv = [_executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
+    shown_base = ["accelerate", "launch", *plan.flags, "--mixed_precision", mixed_precision]
+    tries = 3 if port is None and num_processes > 1 else 1
+    for attempt in range(tries):
+        port_flags: list[str] = []
+        chosen = None
+        if num_processes > 1:
+            chosen = port or free_port()
+            port_flags = ["--main_process_port", str(chosen)]
+        tail = [*extra_flags, *port_flags, str(script), *map(str, script_args)]
+        # A stray ACCELERATE_USE_CPU in the kernel would silently move every rank to the CPU.
+        unset = ("ACCELERATE_USE_CPU",) if plan.device != "cpu" else ()
+        argv = [*base_argv, *tail]
+        shown = shell_line([*shown_base, *tail], run_env)
+        try:
+            result = run(
+                argv,
+                env=run_env,
+                shown=shown,
+                unset=unset,
+                cwd=cwd,
+                timeout=timeout,
+                timeout_name=timeout_name,
+                check=False,
+                echo=echo,
+                offline=offline,
+            )
+        except LaunchError as exc:
+            if exc.result is not None:
+                exc.result.plan, exc.result.port = plan, chosen
+            raise
+        result.plan, result.port = plan, chosen
+        if result.returncode != 0 and attempt + 1 < tries and _PORT_IN_USE.search(result.output):
+            if echo:
+                print(f"[nbtools] port {chosen} was taken meanwhile; retrying on another free port")
+            continue
+        if check:
+            _raise_on_failure(result, ERROR_MARKERS)
+        return result
+    raise AssertionError("unreachable")

@@ -1,0 +1,82 @@
+"""Validate notebook parameters before any process starts, and make the work dir."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from .device import KINDS, DeviceInfo, detect
+from .errors import DeviceError, ParameterError
+
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+
+
+def validate(
+    *,
+    device: str = "auto",
+    num_processes: int = 1,
+    mixed_precision: str | None = None,
+    timeout_s: float | None = None,
+    info: DeviceInfo | None = None,
+) -> DeviceInfo:
+    """Raise ParameterError naming the parameter and the accepted values; return the device info."""
+    if device not in ("auto", *KINDS):
+        raise ParameterError(f"parameter device={device!r} is not known; accepted: 'auto', 'npu', 'cuda', 'cpu'")
+    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
+        raise ParameterError(f"parameter num_processes={num_processes!r} is invalid; accepted: an integer >= 1 (default 2)")
+    if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
+        raise ParameterError(f"parameter timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
+    info = info or detect()
+    try:
+        kind = info.resolve(device)
+    except DeviceError as exc:
+        raise ParameterError(f"parameter {exc}") from None
+    if mixed_precision is not None:
+        if mixed_precision not in MIXED_PRECISIONS:
+            raise ParameterError(
+                f"parameter mixed_precision={mixed_precision!r} is not known; accepted: {', '.join(MIXED_PRECISIONS)}"
+            )
+        plan_kind = info.plan(num_processes, device).device
+        ok = ("no", "bf16") if plan_kind == "cpu" else info.mixed_precisions
+        if mixed_precision not in ok:
+            raise ParameterError(
+                f"parameter mixed_precision={mixed_precision!r} is not supported on {plan_kind} "
+                f"({', '.join(info.names[:1]) or kind}); accepted here: {', '.join(ok)}"
+            )
+    return info
+
+
+def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nbtools-") -> Path:
+    """The notebook's private work dir: ``path`` if given (created), else a fresh ``mkdtemp``.
+
+    Unless ``keep``, it is removed when the kernel exits (and by ``cleanup``), so a
+    failing run leaves nothing behind either.
+    """
+    if path:
+        p = Path(path).expanduser().resolve()
+        try:
+            p.mkdir(parents=True, exist_ok=True)
+            probe = p / ".nbtools-write-test"
+            probe.write_text("ok")
+            probe.unlink()
+        except OSError as exc:
+            raise ParameterError(
+                f"parameter work_dir={str(path)!r} cannot be written ({exc.strerror or exc}); "
+                "accepted: a writable directory, or '' for a fresh private temporary directory"
+            ) from None
+    else:
+        p = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
+    if not keep:
+        atexit.register(shutil.rmtree, p, True)
+    return p
+
+
+def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
+    """Remove the work dir unless ``keep``; returns what was done, for the cell to print."""
+    if keep:
+        return f"work dir kept: {path}"
+    shutil.rmtree(path, ignore_errors=True)
+    return f"work dir removed: {path}"

@@ -1,0 +1,82 @@
+"""Track and stop every process a launch started.
+
+`accelerate launch` (torch elastic underneath) starts each worker in its OWN session
+and process group, so killing the launcher's process group leaves the workers
+running, orphaned, still holding their devices (FACTS.md). We therefore keep a list
+of every descendant seen while the launch runs, and stop them all:
+SIGTERM to the launcher (its agent ends the workers in ~2 s), a short wait,
+then SIGKILL to whatever of the known tree is still alive.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import psutil
+
+
+class ProcessTree:
+    """The launcher process and every descendant seen so far."""
+
+    def __init__(self, pid: int):
+        self.root_pid = pid
+        self.known: dict[int, psutil.Process] = {}
+        try:
+            self.root = psutil.Process(pid)
+            self.known[pid] = self.root
+        except psutil.NoSuchProcess:
+            self.root = None
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Remember descendants now: once the launcher dies, orphans can no longer be found from it."""
+        if self.root is None:
+            return
+        try:
+            for child in self.root.children(recursive=True):
+                self.known.setdefault(child.pid, child)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+
+    def alive(self) -> list[psutil.Process]:
+        out = []
+        for proc in self.known.values():
+            try:
+                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    out.append(proc)
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def stop(self, grace: float = 5.0) -> list[int]:
+        """Stop the whole tree; returns the pids that had to be killed with SIGKILL."""
+        self.refresh()
+        if self.root is not None:
+            _signal(self.root, signal.SIGTERM)
+        for proc in self.alive():
+            if proc.pid != self.root_pid:
+                _signal(proc, signal.SIGTERM)
+        _, still = psutil.wait_procs(self.alive(), timeout=grace)
+        killed = []
+        for proc in still:
+            if _signal(proc, signal.SIGKILL):
+                killed.append(proc.pid)
+        try:
+            os.killpg(self.root_pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, OSError):
+            pass
+        psutil.wait_procs(still, timeout=2.0)
+        return killed
+
+    def leftovers(self) -> list[psutil.Process]:
+        """Known descendants (not the launcher) still alive after the launcher ended."""
+        return [p for p in self.alive() if p.pid != self.root_pid]
+
+
+def _signal(proc: psutil.Process, sig: int) -> bool:
+    try:
+        proc.send_signal(sig)
+        return True
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
