@@ -30,6 +30,12 @@ def validate(
     if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
         raise ParameterError(f"parameter timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
     info = info or detect()
+    blocking = [p for p in info.problems if p.blocking]
+    if blocking:
+        raise DeviceError(
+            "the setup is broken: " + "; ".join(f"{p.what}\n  fix: {p.fix}" for p in blocking)
+            + "\n(`python -m nbtools doctor` checks the whole setup)"
+        )
     try:
         kind = info.resolve(device)
     except DeviceError as exc:

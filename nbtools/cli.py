@@ -1,0 +1,147 @@
+"""Command line: a thin layer over the Python API, so tests, notebooks and terminals share one code path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .errors import LaunchError, LaunchTimeout, NbtoolsError
+
+
+def _cmd_launch(args) -> int:
+    from .launcher import accelerate_launch
+
+    try:
+        result = accelerate_launch(
+            args.script,
+            *args.args,
+            num_processes=args.num_processes,
+            mixed_precision=args.mixed_precision,
+            device=args.device,
+            timeout=args.timeout,
+            timeout_name="--timeout",
+            offline=not args.online,
+        )
+    except LaunchTimeout as exc:
+        print(f"\nnbtools launch: {exc}", file=sys.stderr)
+        return 124
+    except LaunchError as exc:
+        print(f"\nnbtools launch: {exc}", file=sys.stderr)
+        return exc.result.returncode if exc.result is not None and exc.result.returncode > 0 else 1
+    print(f"[nbtools] ok in {result.duration_s:.1f} s")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from . import report as report_mod
+    from .device import detect
+    from .runner import discover, parse_params, run_notebooks
+
+    params = parse_params(args.param)
+    notebooks = discover(args.notebooks)
+    out = Path(args.output) if args.output else Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S")
+    info = detect()
+    print(info.summary())
+    print(f"running {len(notebooks)} notebook(s) with kernel {args.kernel!r}; output: {out}")
+    rep = run_notebooks(
+        notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info
+    )
+    paths = report_mod.write_all(rep, out)
+    counts: dict[str, int] = {}
+    for c in rep.checks:
+        counts[c.status] = counts.get(c.status, 0) + 1
+    for c in rep.checks:
+        if c.status != "passed":
+            print(f"  {c.status:>8}  {c.id}  ({c.notebook}) {c.reason}")
+    print(
+        f"{'PASSED' if rep.ok else 'FAILED'}: "
+        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        + f" checks; {sum(n.status == 'passed' for n in rep.notebooks)}/{len(rep.notebooks)} notebooks passed"
+        + f" in {rep.duration_s:.1f} s"
+    )
+    print("report: " + ", ".join(str(p) for p in paths))
+    return 0 if rep.ok else 1
+
+
+def _cmd_check(args) -> int:
+    from .hygiene import check_series
+    from .runner import default_notebooks_dir
+
+    folder = Path(args.folder) if args.folder else default_notebooks_dir()
+    problems = check_series(folder)
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} problem(s) in {folder}" if problems else f"notebooks in {folder} are clean")
+    return 1 if problems else 0
+
+
+def _cmd_doctor(args) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main()
+
+
+def _cmd_detect(args) -> int:
+    from .device import detect
+
+    info = detect()
+    if args.json:
+        d = info.to_dict()
+        d["plan"] = info.plan(args.num_processes).__dict__
+        print(json.dumps(d, indent=2))
+    else:
+        print(info.summary())
+        print("plan: " + info.plan(args.num_processes).note)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nbtools", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    r = sub.add_parser("run", help="execute notebooks with papermill and write report.json/report.md/junit.xml")
+    r.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
+    r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
+    r.add_argument("--output", help="output dir (default: nbtools-output/<timestamp>)")
+    r.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
+    r.add_argument("--kernel", default="python3", help="Jupyter kernel name (ModelArts names kernels per engine)")
+    r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
+    r.set_defaults(func=_cmd_run)
+
+    la = sub.add_parser("launch", help="accelerate launch a script with the right flags for this machine")
+    la.add_argument("--num-processes", type=int, default=2)
+    la.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
+    la.add_argument("--device", default="auto", help="auto | npu | cuda | cpu")
+    la.add_argument("--timeout", type=float, default=600, help="seconds before the whole launch is stopped")
+    la.add_argument("--online", action="store_true", help="let Hugging Face reach the network")
+    la.add_argument("script")
+    la.add_argument("args", nargs=argparse.REMAINDER)
+    la.set_defaults(func=_cmd_launch)
+
+    c = sub.add_parser("check", help="hygiene of the committed notebooks (clean, tagged, no shell escapes)")
+    c.add_argument("folder", nargs="?")
+    c.set_defaults(func=_cmd_check)
+
+    d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the seed's matrix")
+    d.set_defaults(func=_cmd_doctor)
+
+    de = sub.add_parser("detect", help="print what this machine is and how a real N-process group starts here")
+    de.add_argument("--json", action="store_true")
+    de.add_argument("--num-processes", type=int, default=2)
+    de.set_defaults(func=_cmd_detect)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except NbtoolsError as exc:
+        print(f"nbtools {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nbtools: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,144 @@
+"""`python -m nbtools doctor`: the setup against the seed's version matrix, each problem with its fix."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+
+from .device import CANN_FIX, DeviceInfo, detect
+
+# What the seed was validated with (FACTS.md).
+SEED_MATRIX = {
+    "python": "3.12",
+    "cann": "9.1.0",
+    "torch": "2.9.0",
+    "torch_npu": "2.9.0.post2",
+    "transformers": "<5.0",
+    "accelerate": "latest release",
+}
+OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
+
+
+@dataclass
+class Row:
+    what: str
+    found: str
+    status: str
+    note: str = ""
+
+
+def _ver(name: str) -> str | None:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _major_minor(v: str | None) -> tuple[int, ...]:
+    if not v:
+        return ()
+    parts = []
+    for p in v.split("+")[0].split(".")[:2]:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        parts.append(int(digits or 0))
+    return tuple(parts)
+
+
+def accelerate_config_path() -> str:
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
+    return os.path.join(hf_home, "accelerate", "default_config.yaml")
+
+
+def diagnose(info: DeviceInfo | None = None) -> list[Row]:
+    info = info or detect()
+    v = info.versions
+    rows: list[Row] = []
+    py = sys.version_info
+    if py < (3, 9):
+        rows.append(Row("python", v["python"], FAIL, "Python >= 3.9 is needed; the seed used 3.12"))
+    elif (py.major, py.minor) != (3, 12):
+        rows.append(Row("python", v["python"], INFO, "the seed was validated with 3.12; other 3.9+ versions work"))
+    else:
+        rows.append(Row("python", v["python"], OK))
+    for p in info.problems:
+        rows.append(Row("setup", p.what, FAIL if p.blocking else WARN, p.fix))
+    torch_v = v.get("torch")
+    if not torch_v:
+        rows.append(Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: pip install -r requirements-npu.txt"))
+    else:
+        on_npu = bool(v.get("torch_npu"))
+        status = WARN if on_npu and _major_minor(torch_v) != _major_minor(SEED_MATRIX["torch"]) else OK
+        rows.append(Row("torch", torch_v, status, f"seed: {SEED_MATRIX['torch']}" if status != OK else ""))
+    npu_v = v.get("torch_npu")
+    if npu_v:
+        if torch_v and _major_minor(npu_v) != _major_minor(torch_v):
+            rows.append(
+                Row(
+                    "torch_npu",
+                    npu_v,
+                    FAIL,
+                    f"torch_npu {npu_v} does not match torch {torch_v}: install the pair from the "
+                    "torch / torch_npu / CANN compatibility matrix (https://gitcode.com/Ascend/pytorch)",
+                )
+            )
+        else:
+            rows.append(Row("torch_npu", npu_v, OK if npu_v == SEED_MATRIX["torch_npu"] else INFO, f"seed: {SEED_MATRIX['torch_npu']}"))
+    elif shutil.which("npu-smi"):
+        rows.append(Row("torch_npu", "not installed", FAIL, "npu-smi is here but torch_npu is not: pip install -r requirements-npu.txt"))
+    else:
+        rows.append(Row("torch_npu", "not installed", INFO, "no Ascend NPU software here; the series runs on CUDA or CPU"))
+    if info.kind == "npu":
+        cann = v.get("cann") or "unknown"
+        rows.append(Row("CANN", cann, OK if cann.startswith(SEED_MATRIX["cann"]) else INFO, f"seed: {SEED_MATRIX['cann']}"))
+    elif npu_v:
+        rows.append(Row("CANN", "not loaded", WARN, CANN_FIX))
+    if info.kind == "cpu":
+        rows.append(Row("devices", "CPU only", INFO, "multi-process checks use the CPU gloo stand-in; NPU/CUDA paths are not checked here"))
+    else:
+        names = ", ".join(sorted(set(info.names)))
+        status = OK if info.count >= 2 else WARN
+        note = "" if status == OK else "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)"
+        if info.kind == "npu" and not info.bf16:
+            status, note = WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'"
+        rows.append(Row("devices", f"{info.kind.upper()} x{info.count} ({names})", status, note))
+    for pkg, need in (("accelerate", None), ("transformers", "<5.0"), ("papermill", None), ("nbclient", None), ("ipykernel", None)):
+        ver = _ver(pkg)
+        if not ver:
+            rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements.txt"))
+        elif need == "<5.0" and _major_minor(ver) >= (5,):
+            rows.append(Row(pkg, ver, WARN, "the seed was validated with transformers<5.0: pip install 'transformers<5'"))
+        else:
+            rows.append(Row(pkg, ver, OK))
+    if not _ver("ipywidgets"):
+        rows.append(Row("ipywidgets", "not installed", WARN, "JupyterLab shows a TqdmWarning box without it: pip install ipywidgets"))
+    cfg = accelerate_config_path()
+    if os.path.exists(cfg):
+        rows.append(Row("accelerate config", cfg, WARN, "a default config changes `accelerate launch`; the series passes flags explicitly, but check it"))
+    return rows
+
+
+def render(rows: list[Row]) -> str:
+    w = max(len(r.what) for r in rows)
+    f = max(len(r.found) for r in rows[:50])
+    out = []
+    for r in rows:
+        out.append(f"[{r.status:>4}] {r.what:<{w}}  {r.found:<{min(f, 60)}}  {r.note}".rstrip())
+    blocking = [r for r in rows if r.status == FAIL]
+    out.append("")
+    out.append(
+        f"{len(blocking)} blocking problem(s): fix the FAIL lines above, then run again."
+        if blocking
+        else "No blocking problem: `python -m nbtools run` can start."
+    )
+    return "\n".join(out)
+
+
+def main() -> int:
+    rows = diagnose()
+    print(render(rows))
+    return 1 if any(r.status == FAIL for r in rows) else 0

@@ -1,0 +1,96 @@
+"""`python -m nbtools check`: the notebooks are committed clean and tagged right.
+
+Rules: valid nbformat 4; no outputs, execution counts or papermill metadata; kernelspec
+`python3`; exactly one `parameters` cell; no `!cmd` / `%pip` / `%%bash` (their failures do
+not fail a run: use nbtools.run); every seed check id tagged (`check:<id>`) on exactly one
+code cell across the series, and that cell prints its verdict with passed()/skipped().
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import nbformat
+
+from .checks import SEED_CHECKS, check_ids
+
+_SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
+_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.ipynb$")
+
+
+def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """Problems of one notebook, and the check ids it claims (id -> [where])."""
+    problems: list[str] = []
+    claims: dict[str, list[str]] = {}
+    name = path.name
+    if not _NAME.match(name):
+        problems.append(f"{name}: file name should look like NN_slug.ipynb (lowercase, underscores)")
+    try:
+        nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+    except Exception as exc:
+        return [f"{name}: cannot be read as a notebook: {exc}"], claims
+    if nb.get("nbformat") != 4:
+        problems.append(f"{name}: nbformat {nb.get('nbformat')}, expected 4")
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        problems.append(f"{name}: invalid nbformat: {str(exc).splitlines()[0]}")
+    kernel = nb.metadata.get("kernelspec", {}).get("name")
+    if kernel != "python3":
+        problems.append(f"{name}: kernelspec name is {kernel!r}, expected 'python3'")
+    if "papermill" in nb.metadata:
+        problems.append(f"{name}: notebook metadata holds papermill run data; save it clean")
+    n_params = 0
+    for i, cell in enumerate(nb.cells):
+        where = f"{name} cell {i}"
+        meta = cell.get("metadata", {})
+        tags = meta.get("tags", [])
+        if "papermill" in meta or "execution" in meta:
+            problems.append(f"{where}: carries run metadata (papermill/execution)")
+        if "parameters" in tags:
+            n_params += 1
+        ids = check_ids(tags)
+        if cell.cell_type != "code":
+            if ids:
+                problems.append(f"{where}: check tag on a {cell.cell_type} cell")
+            continue
+        if cell.get("outputs"):
+            problems.append(f"{where}: has outputs; clear them before committing")
+        if cell.get("execution_count") is not None:
+            problems.append(f"{where}: has an execution count; clear it before committing")
+        m = _SHELL.search(cell.source)
+        if m:
+            problems.append(
+                f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run([...])"
+            )
+        for cid in ids:
+            claims.setdefault(cid, []).append(where)
+            if f'"{cid}"' not in cell.source and f"'{cid}'" not in cell.source:
+                problems.append(f"{where}: tagged check:{cid} but never calls passed/skipped with {cid!r}")
+    if n_params != 1:
+        problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
+    return problems, claims
+
+
+def check_series(folder: Path) -> list[str]:
+    paths = sorted(folder.glob("*.ipynb"))
+    if not paths:
+        return [f"no notebooks in {folder}"]
+    problems: list[str] = []
+    claims: dict[str, list[str]] = {}
+    for p in paths:
+        probs, mine = check_notebook(p)
+        problems.extend(probs)
+        for cid, where in mine.items():
+            claims.setdefault(cid, []).extend(where)
+    for cid in SEED_CHECKS:
+        where = claims.get(cid, [])
+        if len(where) != 1:
+            problems.append(
+                f"seed check {cid}: tagged on {len(where)} cells ({', '.join(where) or 'none'}), expected exactly 1"
+            )
+    for cid, where in claims.items():
+        if cid not in SEED_CHECKS and len(where) != 1:
+            problems.append(f"check {cid}: tagged on {len(where)} cells ({', '.join(where)}), expected exactly 1")
+    return problems
