@@ -33,6 +33,20 @@ from .proctree import ProcessTree
 # The seed's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+# Known symptoms in a failed launch's output, and what to do about them.
+HINTS = (
+    (
+        "terminate called without an active exception",
+        "a rank exited without destroying its process group (gloo aborts at exit); "
+        "end the script with accelerator.end_training()",
+    ),
+    ("libhccl.so", "CANN's libraries are not loaded: source /usr/local/Ascend/ascend-toolkit/set_env.sh"),
+    (
+        "Cannot re-initialize NPU in forked subprocess",
+        "the NPU was initialised in this kernel before notebook_launcher forked: restart the kernel "
+        "and call notebook_launcher before any .to('npu')",
+    ),
+)
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
 
 
@@ -233,6 +247,9 @@ def _raise_on_failure(result: Result, markers: tuple[str, ...]) -> None:
         detail = f"Last lines of the output:\n{_tail(result.output)}"
     if result.killed:
         detail += f"\n(stopped {len(result.killed)} leftover process(es) of this launch)"
+    for needle, hint in HINTS:
+        if needle in result.output:
+            detail += f"\nhint: {hint}"
     raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result)
 
 

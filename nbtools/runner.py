@@ -151,6 +151,8 @@ def _error_summary(exc: BaseException) -> str:
 def _parse_value(text: str):
     import yaml
 
+    if not text.strip():
+        return ""
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:

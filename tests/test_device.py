@@ -1,0 +1,121 @@
+"""Device detection. The NPU and CUDA branches are tested by substituting ONLY the probe's
+answers (what torch / torch_npu would report on such a host); the plan logic is real."""
+
+import pytest
+
+from nbtools import DeviceError, ParameterError, detect, validate
+from nbtools.device import from_probe
+
+NPU2 = {
+    "python": "3.12.3",
+    "torch": "2.9.0+cpu",
+    "torch_npu": "2.9.0.post2",
+    "cann": "9.1.0",
+    "npu_available": True,
+    "npu_count": 2,
+    "npu_names": ["Ascend910B4", "Ascend910B4"],
+    "cuda_available": False,
+    "cuda_count": 0,
+    "cuda_names": [],
+}
+CUDA1 = {"python": "3.11.7", "torch": "2.13.0", "cuda_available": True, "cuda_count": 1, "cuda_names": ["H200"], "cuda_bf16": True}
+CPU = {"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}
+NO_CANN = {
+    "python": "3.11.7",
+    "torch_error": "RuntimeError: Failed to load the backend extension: torch_npu. You can disable extension "
+    "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.",
+}
+
+
+def test_this_machine_is_detected_as_cpu_with_a_real_gloo_route():
+    info = detect()
+    assert info.kind == "cpu" and info.count == 0 and info.backend == "gloo"
+    assert info.versions["torch"] and info.versions["accelerate"]
+    plan = info.plan(2)
+    assert plan.env == {"ACCELERATE_USE_CPU": "1"}
+    assert "--multi_gpu" in plan.flags and plan.distributed_type == "MULTI_CPU"
+
+
+def test_probe_substituted_two_npus_plan_uses_hccl_and_visible_devices():
+    info = from_probe(NPU2, environ={})
+    assert (info.kind, info.count, info.backend) == ("npu", 2, "hccl")
+    assert info.versions["cann"] == "9.1.0"
+    plan = info.plan(2)
+    assert plan.env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+    assert plan.flags[0] == "--multi_gpu" and plan.devices == ["npu:0", "npu:1"]
+    assert (plan.backend, plan.distributed_type, plan.fallback) == ("hccl", "MULTI_NPU", False)
+
+
+def test_probe_substituted_npu_respects_already_restricted_visible_devices():
+    info = from_probe(dict(NPU2, npu_count=3), environ={"ASCEND_RT_VISIBLE_DEVICES": "4,5,7"})
+    assert info.plan(2).env == {"ASCEND_RT_VISIBLE_DEVICES": "4,5"}
+
+
+def test_probe_substituted_one_cuda_two_processes_falls_back_to_cpu_labelled():
+    info = from_probe(CUDA1, environ={})
+    plan = info.plan(2)
+    assert plan.fallback and plan.device == "cpu" and plan.backend == "gloo"
+    assert "CPU (gloo) stand-in" in plan.note and "NOT exercised" in plan.note
+    assert plan.env == {"ACCELERATE_USE_CPU": "1"}
+    single = info.plan(1)
+    assert single.device == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback
+
+
+def test_probe_substituted_310p_has_no_bf16():
+    info = from_probe(dict(NPU2, npu_names=["Ascend310P3", "Ascend310P3"]), environ={})
+    assert "bf16" not in info.mixed_precisions
+    with pytest.raises(ParameterError, match="mixed_precision='bf16'.*accepted here: no, fp16"):
+        validate(device="auto", num_processes=2, mixed_precision="bf16", info=info)
+
+
+def test_probe_substituted_torch_npu_without_cann_is_reported_with_its_fix():
+    info = from_probe(NO_CANN, environ={})
+    assert not info.healthy and info.kind == "cpu"
+    (problem,) = info.problems
+    assert "torch_npu" in problem.what and "set_env.sh" in problem.fix
+    with pytest.raises(DeviceError, match="set_env.sh"):
+        validate(info=info)
+
+
+def test_asking_for_a_device_that_is_not_here_says_what_to_do():
+    info = from_probe(CPU, environ={})
+    with pytest.raises(DeviceError, match="device='npu' asked.*Use device='auto' or 'cpu'"):
+        info.plan(2, "npu")
+    assert from_probe(NPU2, environ={}).plan(2, "cpu").device == "cpu"
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"num_processes": 0}, r"num_processes=0 is invalid; accepted: an integer >= 1"),
+        ({"num_processes": "2"}, r"num_processes='2' is invalid"),
+        ({"device": "tpu"}, r"device='tpu' is not known; accepted: 'auto', 'npu', 'cuda', 'cpu'"),
+        ({"mixed_precision": "fp8"}, r"mixed_precision='fp8' is not known; accepted: no, fp16, bf16"),
+        ({"mixed_precision": "fp16"}, r"mixed_precision='fp16' is not supported on cpu.*accepted here: no, bf16"),
+        ({"timeout_s": 0}, r"timeout_s=0 is invalid"),
+    ],
+)
+def test_bad_parameters_name_the_parameter_and_accepted_values(kwargs, pattern):
+    with pytest.raises(ParameterError, match=pattern):
+        validate(info=from_probe(CPU, environ={}), **kwargs)
+
+
+def test_unwritable_work_dir_is_a_parameter_error(tmp_path):
+    import nbtools
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ParameterError, match="work_dir=.*cannot be written"):
+        nbtools.work_dir(str(blocker / "sub"))
+
+
+def test_default_work_dir_is_private_and_removed_by_cleanup():
+    import os
+    import stat
+
+    import nbtools
+
+    wd = nbtools.work_dir("")
+    assert stat.S_IMODE(os.stat(wd).st_mode) == 0o700
+    nbtools.cleanup(wd)
+    assert not wd.exists()
