@@ -124,10 +124,14 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
 
 def render(rows: list[Row]) -> str:
     w = max(len(r.what) for r in rows)
-    f = max(len(r.found) for r in rows[:50])
     out = []
     for r in rows:
-        out.append(f"[{r.status:>4}] {r.what:<{w}}  {r.found:<{min(f, 60)}}  {r.note}".rstrip())
+        line = f"[{r.status:>4}] {r.what:<{w}}  {r.found}"
+        if r.note and len(line) + len(r.note) < 110:
+            line += f"  ({r.note})"
+        elif r.note:
+            line += "\n" + " " * (w + 9) + ("fix: " if r.status in (FAIL, WARN) else "") + r.note
+        out.append(line)
     blocking = [r for r in rows if r.status == FAIL]
     out.append("")
     out.append(

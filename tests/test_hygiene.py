@@ -1,0 +1,75 @@
+"""`python -m nbtools check` on the committed series and on deliberately dirty copies."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import NOTEBOOKS
+
+from nbtools.hygiene import check_series
+
+
+def test_committed_series_is_clean():
+    assert check_series(Path(NOTEBOOKS)) == []
+
+
+def test_cli_check_exits_zero_on_the_series():
+    proc = subprocess.run([sys.executable, "-m", "nbtools", "check", NOTEBOOKS], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.fixture
+def copy(tmp_path):
+    dst = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS, dst)
+    return dst
+
+
+def _edit(path: Path, fn) -> None:
+    nb = nbformat.read(path, as_version=4)
+    fn(nb)
+    nbformat.write(nb, path)
+
+
+def _first(folder: Path) -> Path:
+    return sorted(folder.glob("*.ipynb"))[0]
+
+
+def _code(nb):
+    return next(c for c in nb.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", []))
+
+
+@pytest.mark.parametrize(
+    "mutate, expected",
+    [
+        (lambda nb: _code(nb).outputs.append(nbformat.v4.new_output("stream", text="x")), "has outputs"),
+        (lambda nb: _code(nb).__setitem__("execution_count", 3), "execution count"),
+        (lambda nb: nb.metadata.__setitem__("papermill", {}), "papermill run data"),
+        (lambda nb: nb.metadata["kernelspec"].__setitem__("name", "python3-npu"), "kernelspec name"),
+        (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})), "2 cells tagged 'parameters'"),
+        (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("!accelerate launch x.py")), "shell escape '!'"),
+        (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("%pip install accelerate")), "shell escape '%pip'"),
+    ],
+)
+def test_each_rule_catches_its_defect(copy, mutate, expected):
+    _edit(_first(copy), mutate)
+    problems = check_series(copy)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_seed_id_tagged_twice_or_never_is_reported(copy):
+    first = _first(copy)
+    nb = nbformat.read(first, as_version=4)
+    tagged = next(c for c in nb.cells if any(t.startswith("check:") for t in c.metadata.get("tags", [])))
+    cid = next(t for t in tagged.metadata["tags"] if t.startswith("check:"))[len("check:"):]
+    nb.cells.append(nbformat.v4.new_code_cell(f"nbtools.passed({cid!r})", metadata={"tags": [f"check:{cid}"]}))
+    nbformat.write(nb, first)
+    assert any(f"seed check {cid}: tagged on 2 cells" in p for p in check_series(copy))
+    nb.cells = [c for c in nb.cells if f"check:{cid}" not in c.metadata.get("tags", [])]
+    nbformat.write(nb, first)
+    assert any(f"seed check {cid}: tagged on 0 cells" in p for p in check_series(copy))
