@@ -141,9 +141,10 @@ def unexecuted_cells(nb) -> list[int]:
 def _error_summary(exc: BaseException) -> str:
     ename = getattr(exc, "ename", None)
     if ename:
-        evalue = str(getattr(exc, "evalue", "")).strip().splitlines()
+        evalue = [ln.strip() for ln in str(getattr(exc, "evalue", "")).strip().splitlines()]
         cell = getattr(exc, "exec_count", None)
-        return f"{ename}: {evalue[0] if evalue else ''} (cell In[{cell}])"
+        fixes = [ln for ln in evalue[1:] if ln.lower().startswith("fix:")]  # keep what to do
+        return " ".join([f"{ename}: {evalue[0] if evalue else ''}", *fixes, f"(cell In[{cell}])"])
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 

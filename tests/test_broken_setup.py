@@ -1,0 +1,77 @@
+"""The commonest broken Ascend setup, for real: torch_npu from the package index beside the
+matching torch, without CANN. `import torch` itself then fails (FACTS.md). The wheel is put on
+PYTHONPATH (a --target dir), so the project's environment stays untouched."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+import pytest
+from conftest import NOTEBOOKS
+
+from nbtools.checks import SEED_CHECKS
+
+
+@pytest.fixture(scope="module")
+def broken_env(tmp_path_factory):
+    torch_version = metadata.version("torch").split("+")[0]
+    site = tmp_path_factory.mktemp("npusite")
+    proc = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), f"torch-npu=={torch_version}"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if proc.returncode != 0:
+        pytest.skip(f"torch-npu=={torch_version} could not be installed from the package index: {proc.stderr[-300:]}")
+    env = dict(os.environ, PYTHONPATH=str(site))
+    env.pop("NBTOOLS_DEVICE_PROBE", None)
+    check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert check.returncode != 0 and "torch_npu" in check.stderr, "the broken setup did not reproduce"
+    return env
+
+
+def test_importing_nbtools_never_crashes(broken_env):
+    proc = subprocess.run(
+        [sys.executable, "-c", "import nbtools; i = nbtools.detect(); print(i.healthy, i.kind)"],
+        env=broken_env, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False cpu"
+
+
+def test_doctor_names_the_cause_and_the_fix(broken_env):
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "doctor"], env=broken_env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1
+    assert "[FAIL] setup" in proc.stdout and "torch_npu is installed but cannot load" in proc.stdout
+    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in proc.stdout
+
+
+def test_run_stops_at_the_first_cell_and_marks_the_rest_not_run(broken_env, tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
+        env=broken_env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )
+    assert proc.returncode == 1, proc.stdout
+    report = json.loads((out / "report.json").read_text())
+    first, *rest = report["notebooks"]
+    assert first["path"] == "00_environment.ipynb" and first["status"] == "failed"
+    assert "DeviceError" in first["error"] and "set_env.sh" in first["error"]
+    assert rest and all(n["status"] == "not-run" and "set_env.sh" in n["error"] for n in rest)
+    seed = [c for c in report["checks"] if c["seed"]]
+    assert [c["id"] for c in seed] == list(SEED_CHECKS)
+    assert all(c["status"] == "failed" for c in seed), seed
+    # the executed 00 shows the error in its first code cell after the parameters
+    nb = json.loads((out / "00_environment.ipynb").read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    executed = [c for c in code if c.get("execution_count")]
+    errors = [o for c in executed for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert errors and errors[0]["ename"] == "DeviceError"
+    assert len(executed) <= 3  # injected parameters, parameters, setup: nothing after the failure
