@@ -55,14 +55,19 @@ def validate(
     return info
 
 
-def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nbtools-") -> Path:
-    """The notebook's private work dir: ``path`` if given (created), else a fresh ``mkdtemp``.
+_CREATED: set[Path] = set()  # work dirs this process created: the only ones it may remove
 
-    Unless ``keep``, it is removed when the kernel exits (and by ``cleanup``), so a
-    failing run leaves nothing behind either.
+
+def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nbtools-") -> Path:
+    """The notebook's private work dir: ``path`` if given, else a fresh ``mkdtemp`` (mode 0700).
+
+    A directory nbtools creates is removed when the kernel exits (and by ``cleanup``) unless
+    ``keep``, so a failing run leaves nothing behind either. A directory that already existed
+    is never removed: it may hold the learner's own files.
     """
     if path:
         p = Path(path).expanduser().resolve()
+        existed = p.exists()
         try:
             p.mkdir(parents=True, exist_ok=True)
             probe = p / ".nbtools-write-test"
@@ -75,14 +80,20 @@ def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nb
             ) from None
     else:
         p = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
-    if not keep:
-        atexit.register(shutil.rmtree, p, True)
+        existed = False
+    if not existed:
+        _CREATED.add(p)
+        if not keep:
+            atexit.register(shutil.rmtree, p, True)
     return p
 
 
 def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
-    """Remove the work dir unless ``keep``; returns what was done, for the cell to print."""
+    """Remove the work dir unless ``keep`` or it existed before; returns what was done, for the cell to print."""
+    p = Path(path).resolve()
     if keep:
-        return f"work dir kept: {path}"
-    shutil.rmtree(path, ignore_errors=True)
-    return f"work dir removed: {path}"
+        return f"work dir kept: {p}"
+    if p not in _CREATED:
+        return f"work dir left in place (it existed before this notebook, so it may hold your files): {p}"
+    shutil.rmtree(p, ignore_errors=True)
+    return f"work dir removed: {p}"

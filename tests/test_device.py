@@ -119,3 +119,14 @@ def test_default_work_dir_is_private_and_removed_by_cleanup():
     assert stat.S_IMODE(os.stat(wd).st_mode) == 0o700
     nbtools.cleanup(wd)
     assert not wd.exists()
+
+
+def test_an_existing_work_dir_is_never_removed(tmp_path):
+    import nbtools
+
+    (tmp_path / "mine.txt").write_text("the learner's file")
+    wd = nbtools.work_dir(str(tmp_path))
+    assert "left in place" in nbtools.cleanup(wd)
+    assert (tmp_path / "mine.txt").exists()
+    fresh = nbtools.work_dir(str(tmp_path / "new"))
+    assert "removed" in nbtools.cleanup(fresh) and not fresh.exists()
