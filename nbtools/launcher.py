@@ -19,6 +19,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -121,7 +122,19 @@ def run(
     full_env.update(env or {})
     for name in unset:
         full_env.pop(name, None)
+    # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
+    # torchinductor_* folders in the temp dir at every launch otherwise.
+    private_tmp = tempfile.mkdtemp(prefix="nbtools-tmp-")
+    full_env["TMPDIR"] = private_tmp
     command = shown or shell_line(argv, env if shown_env is None else shown_env)
+    try:
+        return _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command)
+    finally:
+        shutil.rmtree(private_tmp, ignore_errors=True)
+
+
+def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command) -> Result:
+    """Start ``argv`` in its own session, pump its output, stop its tree on any way out."""
     out = sys.stdout
     if echo:
         out.write(f"$ {command}\n")

@@ -194,8 +194,10 @@ def run_notebooks(
         raise ParameterError(f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}")
     report = RunReport(device=info.to_dict(), parameters=parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
     run_root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
-    old_cache = os.environ.get(CACHE_ENV)
+    saved = {k: os.environ.get(k) for k in (CACHE_ENV, "TMPDIR")}
     os.environ[CACHE_ENV] = json.dumps(info.raw)  # kernels reuse this probe instead of re-running it
+    (run_root / "tmp").mkdir()
+    os.environ["TMPDIR"] = str(run_root / "tmp")  # whatever kernels leave in TMPDIR goes with run_root
     t0 = time.monotonic()
     stop_reason = ""
     try:
@@ -241,10 +243,11 @@ def run_notebooks(
                 problem = next(p for p in info.problems if p.blocking)
                 stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
     finally:
-        if old_cache is None:
-            os.environ.pop(CACHE_ENV, None)
-        else:
-            os.environ[CACHE_ENV] = old_cache
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
         if keep_work:
             log(f"work dirs kept under {run_root}")
         else:

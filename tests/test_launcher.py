@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 
@@ -82,7 +83,7 @@ def test_a_hanging_rank_is_stopped_at_the_timeout_and_leaves_nothing(worker):
     assert wait_gone(str(worker)) == []
 
 
-def test_port_29500_held_elsewhere_does_not_break_a_launch(worker):
+def test_port_29500_held_elsewhere_does_not_break_a_launch(worker, tmp_path, monkeypatch):
     holder = socket.socket()
     holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
@@ -90,12 +91,17 @@ def test_port_29500_held_elsewhere_does_not_break_a_launch(worker):
         holder.listen(1)
     except OSError:
         pytest.skip("port 29500 is already in use on this machine (which is what this test simulates)")
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(temp))
     try:
         result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False)
     finally:
         holder.close()
     assert result.port != 29500
     assert result.kv["world"] == "2"
+    # torch elastic's torchelastic_* folders went into the launch's private TMPDIR, now removed
+    assert list(temp.iterdir()) == []
 
 
 def test_non_zero_exit_raises_with_the_last_lines(python):

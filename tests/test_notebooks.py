@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,22 +20,39 @@ def _git_status() -> str:
     return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
 
 
+def offline_prefix() -> list[str]:
+    """A command prefix that runs its command with no network but loopback (a new network
+    namespace), or [] where this machine does not allow it (not root, no unshare)."""
+    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True) if _has("unshare") else None
+    if probe is None or probe.returncode != 0 or not _has("ip"):
+        return []
+    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
+
+
+def _has(tool: str) -> bool:
+    import shutil
+
+    return shutil.which(tool) is not None
+
+
 @pytest.fixture(scope="module")
 def series_run(tmp_path_factory):
+    """The whole series, once, with the network refused when the machine allows it."""
     out = tmp_path_factory.mktemp("series-out")
     before = _git_status()
+    prefix = offline_prefix()
     proc = subprocess.run(
-        [sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
+        [*prefix, sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
         capture_output=True,
         text=True,
         timeout=1500,
         cwd=tmp_path_factory.mktemp("elsewhere"),
     )
-    return proc, out, before
+    return proc, out, before, bool(prefix)
 
 
 def test_series_passes_with_only_the_source_install_skipped(series_run):
-    proc, out, _ = series_run
+    proc, out, _, _ = series_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     report = json.loads((out / "report.json").read_text())
     seed = {c["id"]: c for c in report["checks"] if c["seed"]}
@@ -49,11 +67,26 @@ def test_series_passes_with_only_the_source_install_skipped(series_run):
 
 
 def test_series_leaves_the_work_tree_unchanged(series_run):
-    _, _, before = series_run
+    _, _, before, _ = series_run
     assert _git_status() == before
 
 
-@pytest.mark.parametrize("name", ["00_environment.ipynb", "02_distributed_eval.ipynb"])
+def test_series_needs_no_network(series_run):
+    """A default run makes no network request: it passed inside a namespace with loopback only."""
+    _, _, _, offline = series_run
+    if not offline:
+        if os.environ.get("CI"):
+            pytest.fail("CI must prove the offline run, but `unshare -n` is not available here")
+        pytest.skip("cannot refuse network access here (`unshare -n` needs root): offline run not proven")
+    probe = subprocess.run(
+        [*offline_prefix(), sys.executable, "-c", "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
+        capture_output=True,
+        text=True,
+    )
+    assert probe.returncode != 0, "the namespace still reaches the network: the offline proof is void"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in Path(NOTEBOOKS).glob("[0-9][0-9]_*.ipynb")))
 def test_notebook_passes_alone_under_plain_papermill_from_another_dir(name, tmp_path):
     """papermill's own CLI, started elsewhere, without --cwd: the notebook must not depend on it."""
     out = tmp_path / name
