@@ -41,6 +41,11 @@ HINTS = (
         "a rank exited without destroying its process group (gloo aborts at exit); "
         "end the script with accelerator.end_training()",
     ),
+    (
+        "EADDRINUSE",
+        "another process holds this rendezvous port (two launches at once?): pass a free one with "
+        "--main_process_port (nbtools.accelerate_launch picks one itself)",
+    ),
     ("libhccl.so", "CANN's libraries are not loaded: source /usr/local/Ascend/ascend-toolkit/set_env.sh"),
     (
         "Cannot re-initialize NPU in forked subprocess",
