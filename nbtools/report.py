@@ -1,4 +1,4 @@
-"""Write a run's report: report.json, report.md and junit.xml in the output dir."""
+"""Write a run's report: report.json, report.md, junit.xml and index.html (html_report.py) in the output dir."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from .html_report import write_html
 from .runner import RunReport
 
 
@@ -79,4 +80,5 @@ def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     write_json(report, paths[0])
     paths[1].write_text(render_markdown(report), encoding="utf-8")
     write_junit(report, paths[2])
+    paths.append(write_html(report, output_dir)[0])  # index.html; the notebook pages sit beside it
     return paths

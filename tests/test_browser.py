@@ -1,0 +1,358 @@
+"""JupyterLab for real: headless Chromium drives JupyterLab the way a learner does.
+
+- JupyterLab on 127.0.0.1, a random free port and a token, serving a temporary root that
+  holds a COPY of the notebooks (nothing is saved into the repository);
+- Debian's Chromium through Playwright's Python package, with the system browser
+  (``executable_path``; no browser download, never ``playwright install``);
+- 00 and 02: Run All from the Run menu, wait for every execution count and an idle kernel,
+  then judge from the page and from the notebook saved with Ctrl+S (an error output and
+  plain stderr look the same in the page; the saved file tells them apart);
+- the stop button ends every process of a running ``accelerate launch``;
+- the index.html of a ``python -m nbtools run`` matches its report.json.
+
+The driver (server, page state, Run All, Ctrl+S) is in tests/browser/jupyterlab.py.
+Screenshots go to pytest's tmp dir, or to $NBTOOLS_ARTIFACTS/browser when that is set.
+Outside CI the module skips when Chromium or Playwright is missing; with CI=true it fails.
+Timeouts are generous (a loaded 2-core machine) and every wait is for a state, not a sleep.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import psutil
+import pytest
+from browser.jupyterlab import (
+    NOTEBOOK_RUN,
+    PAGE_LOAD,
+    STDERR_MIME,
+    Lab,
+    check_cells,
+    click_run_all,
+    open_notebook,
+    output_text,
+    page_state,
+    prompt_count,
+    run_all,
+    saved_errors,
+    scroll_to,
+    shot,
+    streaming_cell,
+    wait_until,
+    write_notebook,
+)
+from conftest import NOTEBOOKS, processes_mentioning, wait_gone
+
+from nbtools.checks import VERDICT
+
+pytestmark = pytest.mark.notebook
+
+CHROMIUM = os.environ.get("NBTOOLS_CHROMIUM", "/usr/bin/chromium")
+# --no-sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+# --------------------------------------------------------------------------- tools present?
+
+
+def missing_tools() -> list[str]:
+    missing = []
+    if importlib.util.find_spec("playwright") is None:
+        missing.append("the playwright Python package (pip install playwright; the system Chromium is used, "
+                       "never `playwright install`)")
+    if not (os.path.isfile(CHROMIUM) and os.access(CHROMIUM, os.X_OK)):
+        missing.append(f"Chromium at {CHROMIUM} (apt-get install chromium, or set NBTOOLS_CHROMIUM)")
+    if importlib.util.find_spec("jupyterlab") is None:
+        missing.append("jupyterlab (pip install -r requirements.txt)")
+    return missing
+
+
+def require_tools() -> None:
+    """Skip without the tools, except in CI, where a skip would hide a missing install."""
+    missing = missing_tools()
+    if not missing:
+        return
+    message = "the browser test needs " + "; ".join(missing)
+    if IN_CI:
+        pytest.fail(message + ". CI=true: .ci/run must install them.", pytrace=False)
+    pytest.skip(message)
+
+
+def test_browser_tools_are_installed():
+    require_tools()
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory) -> Path:
+    env = os.environ.get("NBTOOLS_ARTIFACTS")
+    d = Path(env) / "browser" if env else tmp_path_factory.mktemp("browser-artifacts")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+@pytest.fixture(scope="module")
+def browser():
+    require_tools()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=120_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(PAGE_LOAD * 1000)
+    try:
+        yield pg
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory, artifacts):
+    require_tools()
+    base = tmp_path_factory.mktemp("lab")
+    server = Lab(base)
+    server.root.mkdir()
+    for nb in sorted(Path(NOTEBOOKS).glob("[0-9][0-9]_*.ipynb")):
+        shutil.copy2(nb, server.root / nb.name)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+        if server.log_path.exists():
+            shutil.copy2(server.log_path, artifacts / "jupyterlab.log")
+        # Nothing of this server may survive: it, its kernels and what they launched all mention base.
+        left = wait_gone(str(base) + os.sep, timeout=30)
+        for p in left:
+            try:
+                p.kill()
+            except Exception:
+                pass
+        assert not left, f"left running after JupyterLab was stopped: {[' '.join(p.cmdline()) for p in left]}"
+
+
+# --------------------------------------------------------------------------- the series in JupyterLab
+
+
+@pytest.mark.parametrize("name", ["00_environment.ipynb", "02_distributed_eval.ipynb"])
+def test_notebook_runs_clean_in_jupyterlab(lab, page, artifacts, name):
+    nb = nbformat.read(lab.root / name, as_version=4)
+    stream = streaming_cell(nb)
+    open_notebook(page, lab, name)
+    try:
+        seen = run_all(page, lab, name, artifacts, stream=stream)
+    finally:
+        lab.shutdown_sessions(name)
+    cells = seen.state["cells"]
+    assert len(cells) == len(nb.cells), "the page does not show every cell of the notebook"
+
+    # 1. no cell failed: judged from the saved notebook (the page shows errors and stderr alike)
+    errors = saved_errors(seen.saved)
+    if errors:
+        scroll_to(page, errors[0][0])
+        seen.screenshots.append(shot(page, artifacts, f"{Path(name).stem}-error.png"))
+    assert not errors, f"{name} in JupyterLab: error output(s) {errors}; screenshots: {seen.screenshots}"
+    # 2. every code cell ran, in the page and in the saved file
+    not_run = [i for i, c in enumerate(cells) if c["code"] and not isinstance(prompt_count(c["prompt"]), int)]
+    assert not not_run, f"{name}: cells {not_run} have no execution count in the page"
+    assert all(c.execution_count for c in seen.saved.cells if c.cell_type == "code")
+    # 3. each assertion cell printed its own verdict, read from its OUTPUT area (never the source)
+    ids = check_cells(nb)
+    assert ids, f"{name} has no check cell"
+    for i, cid in ids:
+        verdicts = [(s, reason) for s, vid, reason in VERDICT.findall(output_text(cells[i])) if vid == cid]
+        assert verdicts, f"{name}: check cell {i} ({cid}) shows no '[check] PASSED {cid}' in its output area"
+        status, reason = verdicts[-1]
+        assert status == "PASSED" or (status == "SKIPPED" and reason.strip()), (cid, status, reason)
+    # 4. the launch streamed: its command line was in the cell while the cell was still running
+    idx, prefix = stream
+    assert seen.streamed, (
+        f"{name}: cell {idx} never showed a line starting with {prefix!r} while it was running "
+        f"(output buffered until the end?); its final output starts: {output_text(cells[idx])[:300]!r}"
+    )
+    assert seen.streamed["prompt"] == "[*]:"
+    early = seen.streamed["running_until_s"] - seen.streamed["seen_s"]
+    assert early >= 1.0, f"{name}: cell {idx} showed {prefix!r} only {early:.2f} s before it ended: {seen.streamed}"
+    print(f"{name}: ran in JupyterLab in {seen.seconds:.0f} s; streamed {seen.streamed}")
+
+
+def test_a_cell_error_is_told_apart_from_stderr(lab, page, artifacts):
+    """The judge itself: stderr is not an error, an exception is, and Run All stops there."""
+    name = "zz_error.ipynb"
+    write_notebook(lab.root / name, [
+        "import sys\nprint('only a warning, not an error', file=sys.stderr)",
+        "assert 1 + 1 == 3, 'broken on purpose'",
+        "print('never runs')",
+    ])
+    open_notebook(page, lab, name)
+    try:
+        seen = run_all(page, lab, name, artifacts)
+    finally:
+        lab.shutdown_sessions(name)
+    cells = seen.state["cells"]
+    stderr_like = [i for i, c in enumerate(cells) for o in c["outputs"] if o["mime"] == STDERR_MIME]
+    assert stderr_like == [1, 2], f"the page should render stderr and the error alike: {stderr_like}"
+    assert saved_errors(seen.saved) == [(2, "AssertionError: broken on purpose")], saved_errors(seen.saved)
+    assert prompt_count(cells[3]["prompt"]) is None and seen.saved.cells[3].execution_count is None
+
+
+SLEEPER = """\
+import os
+import time
+
+print(f"sleeper rank {os.environ.get('RANK', '?')} started", flush=True)
+time.sleep(1200)
+"""
+
+
+def test_stop_button_ends_every_process_of_a_launch(lab, page, artifacts):
+    tag = secrets.token_hex(6)
+    script = lab.root / f"sleeper_{tag}.py"
+    script.write_text(SLEEPER, encoding="utf-8")
+    name = f"zz_stop_{tag}.ipynb"
+    write_notebook(lab.root / name, [
+        f"import nbtools\n\nnbtools.accelerate_launch({str(script)!r}, num_processes=2, timeout=1200)",
+    ])
+    try:
+        open_notebook(page, lab, name)
+        click_run_all(page)
+
+        def both_ranks_running():
+            cell = page_state(page)["cells"][1]
+            text = output_text(cell)
+            started = all(f"sleeper rank {r} started" in text for r in (0, 1))
+            procs = processes_mentioning(str(script))
+            return procs if started and prompt_count(cell["prompt"]) == "*" and len(procs) >= 3 else None
+
+        procs = wait_until(
+            both_ranks_running, NOTEBOOK_RUN, "both ranks to print their first line into the running cell",
+            on_timeout=lambda: output_text(page_state(page)["cells"][1])[-600:],
+        )
+        pids = sorted(p.pid for p in procs)  # the launcher and its 2 workers (each in its own session)
+        shot(page, artifacts, "stop-running.png")
+
+        page.locator('#jp-main-dock-panel .jp-NotebookPanel:not(.lm-mod-hidden) '
+                     '.jp-NotebookPanel-toolbar [data-command="notebook:interrupt-kernel"]').click()
+
+        def stopped():
+            cell = page_state(page)["cells"][1]
+            done = isinstance(prompt_count(cell["prompt"]), int) and lab.kernel_state(name) == "idle"
+            return cell if done else None
+
+        cell = wait_until(stopped, 180, "the interrupted cell to finish")
+        shot(page, artifacts, "stop-interrupted.png")
+        text = output_text(cell)
+        assert "[nbtools] interrupted: stopped" in text and "none is left running" in text, text[-1500:]
+        assert "KeyboardInterrupt" in text, text[-1500:]
+        left = wait_gone(str(script), timeout=30)
+        assert not left, f"still running after the stop button: {[(p.pid, p.cmdline()) for p in left]} (had {pids})"
+    finally:
+        lab.shutdown_sessions(name)
+        for p in processes_mentioning(str(script)):  # only after a failure above
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+
+
+# --------------------------------------------------------------------------- the run's index.html
+
+
+def read_tables(page) -> dict:
+    return page.evaluate("""() => ({
+      ok: document.querySelector('#result').dataset.ok,
+      kind: document.querySelector('#device').dataset.kind,
+      notebooks: [...document.querySelectorAll('#notebooks tr[data-notebook]')].map(r => ({
+        path: r.dataset.notebook, status: r.dataset.status,
+        cells: [...r.querySelectorAll('td')].map(td => td.textContent.trim()),
+        colour: getComputedStyle(r.querySelector('.status')).backgroundColor})),
+      checks: [...document.querySelectorAll('#checks tr[data-check]')].map(r => ({
+        id: r.dataset.check, status: r.dataset.status,
+        cells: [...r.querySelectorAll('td')].map(td => td.textContent.trim()),
+        colour: getComputedStyle(r.querySelector('.status')).backgroundColor})),
+    })""")
+
+
+def test_report_index_matches_report_json(browser, artifacts, tmp_path):
+    require_tools()
+    out = tmp_path / "run"
+    notebook = os.path.join(NOTEBOOKS, "00_environment.ipynb")  # nbtools run writes only into --output
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "run", notebook, "--output", str(out)],
+        capture_output=True, text=True, timeout=NOTEBOOK_RUN, cwd=tmp_path,
+    )
+    index = out / "index.html"
+    assert index.is_file(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert str(index) in proc.stdout  # listed with the other report files
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    requests: list[str] = []
+    context.on("request", lambda r: requests.append(r.url))
+    page = context.new_page()
+    try:
+        page.goto(index.as_uri())
+        tables = read_tables(page)
+        assert tables["ok"] == str(report["summary"]["ok"]).lower()
+        assert tables["kind"] == report["device"]["kind"]
+        assert [(n["path"], n["status"]) for n in tables["notebooks"]] == [
+            (n["path"], n["status"]) for n in report["notebooks"]
+        ]
+        for row, n in zip(tables["notebooks"], report["notebooks"]):
+            assert row["cells"][1:4] == [n["status"], f"{n['duration_s']:.1f}", n["error"]], (row, n)
+        assert [(c["id"], c["status"]) for c in tables["checks"]] == [
+            (c["id"], c["status"]) for c in report["checks"]
+        ]
+        for row, c in zip(tables["checks"], report["checks"]):
+            assert row["cells"][0].split()[0] == c["id"], (row, c)
+            assert row["cells"][1:] == [c["status"], c["notebook"], c["reason"]], (row, c)
+        colours = {(r["status"], r["colour"]) for r in tables["checks"] + tables["notebooks"]}
+        by_status = {}
+        for status, colour in colours:
+            by_status.setdefault(status, set()).add(colour)
+        assert all(len(v) == 1 for v in by_status.values()), by_status  # one colour per status ...
+        assert len({next(iter(v)) for v in by_status.values()}) == len(by_status), by_status  # ... each its own
+        shot(page, artifacts, "report.png", full_page=True)
+
+        # the executed notebook, rendered, one click away; a check links to its own cell
+        page.locator('#notebooks tr[data-notebook="00_environment.ipynb"] a', has_text="HTML").click()
+        page.wait_for_load_state()
+        assert page.url.endswith("/00_environment.html")
+        assert "[check] PASSED check-py" in "\n".join(page.locator(".jp-OutputArea-output").all_inner_texts())
+        shot(page, artifacts, "report-notebook.png")
+        page.go_back()
+        page.locator('#checks tr[data-check="check-py"] a').click()
+        page.wait_for_load_state()
+        anchor = page.url.split("#", 1)[1]
+        assert anchor.startswith("cell-id=") and page.locator(f'[id="{anchor}"]').count() == 1
+    finally:
+        context.close()
+    remote = [u for u in requests if not u.startswith(("file:", "data:", "about:"))]
+    assert not remote, f"the report fetched from the network: {remote}"

@@ -1,0 +1,222 @@
+"""index.html and the notebook pages, from a RunReport built here (no notebook is executed)."""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from nbtools import html_report
+from nbtools.report import write_all
+from nbtools.runner import CheckResult, NotebookResult, RunReport
+
+CPU = {
+    "kind": "cpu",
+    "count": 0,
+    "names": [],
+    "versions": {"python": "3.11.7", "torch": "2.13.0+cpu", "torch_npu": None, "accelerate": "1.15.0"},
+    "visible_var": None,
+    "visible_devices": None,
+    "problems": [],
+    "bf16": True,
+    "backend": "gloo",
+}
+NPU = dict(
+    CPU,
+    kind="npu",
+    count=2,
+    names=["Ascend910B3", "Ascend910B3"],
+    backend="hccl",
+    visible_var="ASCEND_RT_VISIBLE_DEVICES",
+    visible_devices="0,1",
+    problems=[{"what": "CANN not loaded", "fix": "source set_env.sh", "blocking": True}],
+)
+
+
+class Rows(HTMLParser):
+    """Rows of the index's tables: each row's attributes and its cells' text."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[tuple[dict, list[str]]] = []
+        self.links: list[str] = []
+        self.tags: list[tuple[str, dict]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        self.tags.append((tag, a))
+        if tag == "tr":
+            self.rows.append((a, []))
+        elif tag == "td":
+            self._cell = []
+        elif tag == "a":
+            self.links.append(a.get("href", ""))
+
+    def handle_endtag(self, tag):
+        if tag == "td" and self._cell is not None:
+            self.rows[-1][1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+    def checks(self) -> dict[str, tuple[dict, list[str]]]:
+        return {a["data-check"]: (a, cells) for a, cells in self.rows if "data-check" in a}
+
+    def notebooks(self) -> dict[str, tuple[dict, list[str]]]:
+        return {a["data-notebook"]: (a, cells) for a, cells in self.rows if "data-notebook" in a}
+
+
+def parse(text: str) -> Rows:
+    p = Rows()
+    p.feed(text)
+    return p
+
+
+def executed_notebook(path: Path) -> nbformat.NotebookNode:
+    """An executed notebook as papermill leaves it: a passed check, a failed one, stderr."""
+    nb = new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.cells = [
+        new_markdown_cell("# 环境检查\n\n$E = mc^2$"),
+        new_code_cell("print('Python')", execution_count=1, outputs=[
+            new_output("stream", name="stdout", text="$ python --version\nPython 3.11.7\n"),
+            new_output("stream", name="stderr", text="a warning on stderr\n"),
+        ]),
+        new_code_cell("nbtools.passed('check-py')", execution_count=2, metadata={"tags": ["check:check-py"]},
+                      outputs=[new_output("stream", name="stdout", text="[check] PASSED check-py -- Python 3.11.7\n")]),
+        new_code_cell("assert 1 == 2", execution_count=3, metadata={"tags": ["check:acc-env"]},
+                      outputs=[new_output("error", ename="AssertionError", evalue="1 != 2",
+                                          traceback=["AssertionError"])]),
+    ]
+    nbformat.write(nb, path)
+    return nb
+
+
+def make_report(out: Path, device=CPU) -> RunReport:
+    executed_notebook(out / "00_environment.ipynb")
+    return RunReport(
+        device=device,
+        notebooks=[
+            NotebookResult("00_environment.ipynb", "failed", 12.345, "AssertionError: 1 != 2 (cell In[3])",
+                           "00_environment.ipynb"),
+            NotebookResult("01_training.ipynb", "not-run", 0.0, "not run: the setup is broken"),
+        ],
+        checks=[
+            CheckResult("check-py", "passed", "00_environment.ipynb", "Python 3.11.7", True),
+            CheckResult("acc-install-source", "skipped", "00_environment.ipynb", "needs the network", True),
+            CheckResult("acc-env", "failed", "00_environment.ipynb", "AssertionError: 1 != 2", True),
+            CheckResult("acc-dispatch", "missing", "", "no notebook cell is tagged check:acc-dispatch", True),
+            CheckResult("extra-thing", "passed", "00_environment.ipynb", "<b>not bold</b> & co", False),
+        ],
+        parameters={"num_processes": 2},
+        started="2026-01-01T00:00:00+0000",
+        duration_s=20.5,
+    )
+
+
+NETWORK = re.compile(
+    r"<script[^>]*\bsrc=|<link\b[^>]*\bhref=[\"']?(https?:)?//|url\(\s*[\"']?(https?:)?//|@import", re.IGNORECASE
+)
+
+
+def test_write_all_writes_index_with_every_notebook_and_check(tmp_path):
+    report = make_report(tmp_path)
+    paths = write_all(report, tmp_path)
+    index = tmp_path / "index.html"
+    assert index in paths and index.is_file()
+    page = parse(index.read_text(encoding="utf-8"))
+
+    nbs = page.notebooks()
+    assert list(nbs) == [n.path for n in report.notebooks]
+    for n in report.notebooks:
+        attrs, cells = nbs[n.path]
+        assert attrs["data-status"] == n.status and f"st-{n.status}" in attrs["class"]
+        assert cells[0] == n.path and cells[1] == n.status
+        assert cells[2] == f"{n.duration_s:.1f}" and cells[3] == n.error
+
+    checks = page.checks()
+    assert list(checks) == [c.id for c in report.checks]
+    for c in report.checks:
+        attrs, cells = checks[c.id]
+        assert attrs["data-status"] == c.status and f"st-{c.status}" in attrs["class"], attrs
+        assert attrs["data-seed"] == str(c.seed).lower()
+        assert cells[0].split()[0] == c.id and cells[1] == c.status
+        assert cells[2] == c.notebook and cells[3] == c.reason  # reasons of skips and failures shown as is
+
+
+def test_index_is_self_contained_and_coloured(tmp_path):
+    text = html_report.render_index(make_report(tmp_path))
+    assert not NETWORK.search(text), NETWORK.search(text)
+    assert "<script" not in text.lower()
+    assert '<div class="banner bad" id="result" data-ok="false">FAILED' in text
+    # every status gets a colour, red for the bad ones
+    css = html_report.CSS
+    for status in ("passed", "skipped", "failed", "missing", "not-run"):
+        assert re.search(rf"\.st-{status} \.status[^{{]*\{{[^}}]*background: #", css), status
+    assert "<b>not bold</b>" not in text and "&lt;b&gt;not bold&lt;/b&gt; &amp; co" in text
+    assert "CPU only; backend gloo" in text and "torch 2.13.0+cpu" in text and "torch_npu" not in text
+
+
+def test_banner_passes_when_everything_passed(tmp_path):
+    report = make_report(tmp_path)
+    report.notebooks = report.notebooks[:1]
+    report.notebooks[0].status, report.notebooks[0].error = "passed", ""
+    report.checks = [c for c in report.checks if c.status in ("passed", "skipped")]
+    assert report.ok
+    text = html_report.render_index(report)
+    assert '<div class="banner ok" id="result" data-ok="true">' in text
+    assert "PASSED: 1/1 notebooks passed; checks: 2 passed, 1 skipped" in text
+
+
+def test_npu_device_and_its_problem_are_named(tmp_path):
+    text = html_report.render_index(make_report(tmp_path, NPU))
+    assert "NPU x2 (Ascend910B3); backend hccl" in text
+    assert 'data-kind="npu" data-count="2"' in text
+    assert "ASCEND_RT_VISIBLE_DEVICES=0,1" in text
+    assert "CANN not loaded (fix: source set_env.sh)" in text
+
+
+def test_notebook_pages_beside_the_executed_notebooks_without_network_assets(tmp_path):
+    pytest.importorskip("nbconvert")
+    report = make_report(tmp_path)
+    html_report.write_html(report, tmp_path)
+    page_path = tmp_path / "00_environment.html"
+    assert page_path.is_file()
+    page = page_path.read_text(encoding="utf-8")
+    # nbconvert's lab template would pull require.js / MathJax / mermaid from cdnjs
+    assert "cdnjs" not in page and "<script" not in page.lower(), "a remote script is still in the page"
+    assert not NETWORK.search(page), NETWORK.search(page)
+    assert "[check] PASSED check-py" in page and "AssertionError" in page and "环境检查" in page
+    assert "jp-Notebook" in page and "<style" in page  # the lab look, inlined
+
+    nb = nbformat.read(tmp_path / "00_environment.ipynb", as_version=4)
+    cell_id = nb.cells[2].id
+    assert f'id="cell-id={cell_id}"' in page
+    links = parse((tmp_path / "index.html").read_text(encoding="utf-8")).links
+    # a check links to its own assertion cell in the page; the notebook to its page and its .ipynb
+    assert f"00_environment.html#cell-id={cell_id}" in links
+    assert "00_environment.html" in links and "00_environment.ipynb" in links
+    # a notebook that never ran has no page and no link
+    assert not any(link.startswith("01_training") for link in links)
+
+
+def test_without_nbconvert_the_index_links_the_ipynb_and_says_why(tmp_path, monkeypatch):
+    def broken():
+        raise ImportError("No module named 'nbconvert'")
+
+    monkeypatch.setattr(html_report, "offline_exporter", broken)
+    report = make_report(tmp_path)
+    paths = html_report.write_html(report, tmp_path)
+    assert paths == [tmp_path / "index.html"]
+    assert not (tmp_path / "00_environment.html").exists()
+    text = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert "notebook pages not rendered (ImportError: No module named &#x27;nbconvert&#x27;)" in text
+    links = parse(text).links
+    assert "00_environment.ipynb" in links and not any(".html" in link for link in links)
