@@ -38,8 +38,8 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_
 HINTS = (
     (
         "terminate called without an active exception",
-        "a rank exited without destroying its process group (gloo aborts at exit); "
-        "end the script with accelerator.end_training()",
+        "a rank aborted in gloo's teardown (gloo aborts at exit): end the script with "
+        "accelerator.end_training(); if it already does, this is a rare torch teardown race: run it again",
     ),
     (
         "EADDRINUSE",
@@ -249,6 +249,15 @@ def _rank_lines(output: str, rank: int, n: int = 20) -> str:
     return "\n".join("    " + ln for ln in mine[-n:])
 
 
+def _gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
+    """A CPU (gloo) launch whose only failure is a rank aborting in teardown, with no Python error."""
+    return (
+        plan.device == "cpu"
+        and "terminate called without an active exception" in output
+        and re.search(r"^\[rank\d+\]:\s*Traceback", output, re.MULTILINE) is None
+    )
+
+
 def _raise_on_failure(result: Result, markers: tuple[str, ...]) -> None:
     found = [m for m in markers if m in result.output]
     if result.returncode == 0 and not found:
@@ -309,7 +318,8 @@ def accelerate_launch(
     run_env = dict(plan.env, **(env or {}))
     base_argv = [_executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
     shown_base = ["accelerate", "launch", *plan.flags, "--mixed_precision", mixed_precision]
-    tries = 3 if port is None and num_processes > 1 else 1
+    tries = 3  # a taken port: retry on another; a gloo teardown abort: retry once
+    retried_abort = False
     for attempt in range(tries):
         port_flags: list[str] = []
         chosen = None
@@ -339,9 +349,19 @@ def accelerate_launch(
                 exc.result.plan, exc.result.port = plan, chosen
             raise
         result.plan, result.port = plan, chosen
-        if result.returncode != 0 and attempt + 1 < tries and _PORT_IN_USE.search(result.output):
+        failed = result.returncode != 0 and attempt + 1 < tries
+        if failed and port is None and num_processes > 1 and _PORT_IN_USE.search(result.output):
             if echo:
                 print(f"[nbtools] port {chosen} was taken meanwhile; retrying on another free port")
+            continue
+        if failed and not retried_abort and _gloo_exit_abort(result.output, plan):
+            retried_abort = True
+            if echo:
+                print(
+                    "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
+                    "exception': a known gloo teardown race in torch on CPU, rare); running the whole launch "
+                    "again once -- its output below is what the checks see"
+                )
             continue
         if check:
             _raise_on_failure(result, ERROR_MARKERS)

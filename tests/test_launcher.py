@@ -192,3 +192,36 @@ def test_interrupt_stops_every_child(python, tmp_path):
     assert "interrupted: stopped" in out and "driver saw KeyboardInterrupt" in out
     assert wait_gone(str(marker)) == []
     assert wait_gone(str(spawner)) == []
+
+
+def test_a_gloo_teardown_abort_after_the_work_is_retried_once_visibly(tmp_path, capsys):
+    """torch's gloo sometimes aborts a rank at exit ('terminate called without an active exception')
+    after all its work, even with end_training(). The launcher reruns the launch once, saying so;
+    a second abort fails as usual."""
+    marker = tmp_path / "attempts"
+    script = tmp_path / "aborts_once.py"
+    script.write_text(
+        textwrap.dedent(
+            f"""
+            import os, pathlib, sys
+            m = pathlib.Path({str(marker)!r})
+            n = int(m.read_text()) + 1 if m.exists() else 1
+            m.write_text(str(n))
+            print(f"attempt={{n}}", flush=True)
+            if n <= {{limit}}:
+                sys.stderr.write("terminate called without an active exception\\n")
+                sys.stderr.flush()
+                os.abort()
+            """
+        )
+    )
+    src = script.read_text()
+    script.write_text(src.replace("{limit}", "1"))
+    result = nbtools.accelerate_launch(script, num_processes=1, timeout=120)
+    assert result.kv["attempt"] == "2" and "attempt=1" not in result.output
+    assert "running the whole launch again once" in capsys.readouterr().out
+    marker.unlink()
+    script.write_text(src.replace("{limit}", "2"))
+    with pytest.raises(LaunchError, match="gloo aborts at exit"):
+        nbtools.accelerate_launch(script, num_processes=1, timeout=120, echo=False)
+    assert marker.read_text() == "2"
