@@ -80,7 +80,7 @@ class LaunchPlan:
 
     device: str  # the device type every rank will use: npu / cuda / cpu
     num_processes: int
-    backend: str  # expected torch.distributed backend when num_processes > 1
+    backend: str | None  # the torch.distributed backend accelerate will report; None for one process (no group)
     distributed_type: str  # expected accelerate DistributedType name
     env: dict[str, str]  # variables to put in front of `accelerate launch`
     flags: list[str]  # `accelerate launch` flags (port and precision added by the launcher)
@@ -164,7 +164,7 @@ class DeviceInfo:
         return LaunchPlan(
             device=kind,
             num_processes=num_processes,
-            backend=BACKENDS[kind],
+            backend=BACKENDS[kind] if num_processes > 1 else None,
             distributed_type=DISTRIBUTED_TYPES[kind] if num_processes > 1 else "NO",
             env=env,
             flags=flags,

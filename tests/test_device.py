@@ -59,6 +59,7 @@ def test_probe_substituted_one_cuda_two_processes_falls_back_to_cpu_labelled():
     assert plan.env == {"ACCELERATE_USE_CPU": "1"}
     single = info.plan(1)
     assert single.device == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback
+    assert (single.backend, single.distributed_type) == (None, "NO")  # one process: no group
 
 
 def test_probe_substituted_310p_has_no_bf16():

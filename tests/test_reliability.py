@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,13 +33,14 @@ def test_two_runs_at_once_both_pass_and_leave_no_trace(tmp_path):
     outputs = [p.communicate(timeout=900)[0] for p in procs]
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out[-3000:]
-    ports = set()
+    ports = []  # the rendezvous ports each run's launches used
     for i in (1, 2):
         report = json.loads((tmp_path / f"out{i}" / "report.json").read_text())
         assert report["summary"]["ok"]
         executed = (tmp_path / f"out{i}" / "02_distributed_eval.ipynb").read_text()
-        ports |= {line.split("--main_process_port ")[1].split()[0] for line in executed.split("\\n") if "--main_process_port " in line}
-    assert len(ports) >= 2, f"both runs used the same rendezvous port: {ports}"
+        ports.append(set(re.findall(r"--main_process_port (\d+)", executed)))
+    assert all(ports), f"a run shows no launch port: {ports}"
+    assert not ports[0] & ports[1], f"the two runs shared a rendezvous port: {ports}"
     leftovers = sorted(str(p.relative_to(tmpdir)) for p in tmpdir.rglob("*"))
     assert leftovers == [], f"left behind in TMPDIR: {leftovers[:20]}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out1", "out2", "tmp"]
