@@ -15,6 +15,13 @@ from .params import cleanup, validate, work_dir
 
 __version__ = "0.1.0"
 
+
+def load_ipython_extension(ip):
+    """``%load_ext nbtools``: register the magics that run a learner's commands (magics.py)."""
+    from .magics import register
+
+    register(ip)
+
 __all__ = [
     "SEED_CHECKS",
     "DeviceError",

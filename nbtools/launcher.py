@@ -89,6 +89,14 @@ def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 
+def announce(real: str, written: str | None = None, why: str = "") -> str:
+    """The lines a cell prints before a command runs: what the learner typed, then what really runs."""
+    if not written or written.strip() == real.strip():
+        return f"$ {real}\n"
+    text = f"$ {written}\n# runs here as: {real}\n"
+    return text + (f"# why: {why}\n" if why else "")
+
+
 def _executable(name: str) -> str:
     """Prefer the tool installed beside this interpreter (the kernel's venv), then PATH."""
     local = Path(sys.executable).with_name(name)
@@ -114,11 +122,15 @@ def run(
     offline: bool = True,
     shown: str | None = None,
     unset: tuple[str, ...] = (),
+    written: str | None = None,
+    why: str = "",
 ) -> Result:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
     ``env`` is added to the current environment and shown in the printed command
     (``shown_env`` overrides what is shown). ``shown`` replaces the printed command.
+    ``written`` is the command as a learner types it (the quick-start's form): it is printed
+    first, and when it differs from what really runs, the real command follows with ``why``.
     """
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -133,16 +145,16 @@ def run(
     full_env["TMPDIR"] = private_tmp
     command = shown or shell_line(argv, env if shown_env is None else shown_env)
     try:
-        return _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command)
+        return _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command, written, why)
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
-def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command) -> Result:
+def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command, written=None, why="") -> Result:
     """Start ``argv`` in its own session, pump its output, stop its tree on any way out."""
     out = sys.stdout
     if echo:
-        out.write(f"$ {command}\n")
+        out.write(announce(command, written, why))
         out.flush()
     start = time.monotonic()
     try:
@@ -304,8 +316,12 @@ def accelerate_launch(
     offline: bool = True,
     check: bool = True,
     echo: bool = True,
+    written: str | None = None,
+    why: str = "",
 ) -> Result:
     """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
+
+    ``written``/``why``: see ``run``; the command a learner types, printed before the real one.
 
     The flags and env come from ``detect().plan(...)``: on NPU/CUDA the visible-devices
     variable, on a CPU-only host ``ACCELERATE_USE_CPU=1 ... --multi_gpu`` (the only way to
@@ -343,6 +359,8 @@ def accelerate_launch(
                 check=False,
                 echo=echo,
                 offline=offline,
+                written=written,
+                why=why,
             )
         except LaunchError as exc:
             if exc.result is not None:
