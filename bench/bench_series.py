@@ -189,7 +189,7 @@ def profile_notebooks(folder: Path) -> dict:
     import nbformat
 
     notebooks, cells = [], []
-    for path in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+    for path in sorted(folder.glob("[0-9][0-9]*_*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         total = (nb.metadata.get("papermill") or {}).get("duration")
         cell_sum = 0.0

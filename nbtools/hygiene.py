@@ -16,7 +16,7 @@ import nbformat
 from .checks import SEED_CHECKS, check_ids
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
-_NAME = re.compile(r"^\d\d_[a-z0-9_]+\.ipynb$")
+_NAME = re.compile(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$")
 
 
 def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
@@ -25,7 +25,7 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     claims: dict[str, list[str]] = {}
     name = path.name
     if not _NAME.match(name):
-        problems.append(f"{name}: file name should look like NN_slug.ipynb (lowercase, underscores)")
+        problems.append(f"{name}: file name should look like NN_slug.ipynb or NNb_slug.ipynb (lowercase, underscores)")
     try:
         nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
     except Exception as exc:

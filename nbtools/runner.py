@@ -25,6 +25,8 @@ from .device import CACHE_ENV, DeviceInfo, detect
 from .errors import ParameterError
 
 DEFAULT_KERNEL = "python3"
+# NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
+SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
 
 
 @dataclass
@@ -75,7 +77,7 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found.extend(sorted(q for q in p.glob("[0-9][0-9]_*.ipynb")))
+            found.extend(sorted(q for q in p.glob(SERIES_GLOB)))
         elif p.is_file():
             found.append(p)
         else:
@@ -263,7 +265,7 @@ def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
     others: dict[str, str] = {}
     folders = {p.parent for p in notebooks}
     for folder in folders:
-        for p in sorted(folder.glob("[0-9][0-9]_*.ipynb")):
+        for p in sorted(folder.glob(SERIES_GLOB)):
             if p in notebooks:
                 continue
             try:

@@ -139,7 +139,7 @@ def lab(tmp_path_factory, artifacts):
     base = tmp_path_factory.mktemp("lab")
     server = Lab(base)
     server.root.mkdir()
-    for nb in sorted(Path(NOTEBOOKS).glob("[0-9][0-9]_*.ipynb")):
+    for nb in sorted(Path(NOTEBOOKS).glob("[0-9][0-9]*_*.ipynb")):
         shutil.copy2(nb, server.root / nb.name)
     try:
         server.start()
