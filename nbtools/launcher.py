@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,8 +31,10 @@ from .device import LaunchPlan
 from .errors import LaunchError, LaunchTimeout
 from .expected import parse_kv
 from .params import validate
-from .proctree import ProcessTree
 
+GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here
+MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
+STOP_GRACE_S = 5.0  # SIGTERM first; SIGKILL whatever is still alive after this
 # The seed's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -151,25 +155,25 @@ def run(
 
 
 def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command, written=None, why="") -> Result:
-    """Start ``argv`` in its own session, pump its output, stop its tree on any way out."""
+    """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
     out = sys.stdout
     if echo:
         out.write(announce(command, written, why))
         out.flush()
+    exe = argv[0] if os.path.dirname(argv[0]) else shutil.which(argv[0], path=full_env.get("PATH"))
+    if not exe or not os.path.exists(exe):
+        raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
+    full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
     start = time.monotonic()
-    try:
-        proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            cwd=cwd,
-            env=full_env,
-            start_new_session=True,  # own process group: a kernel interrupt does not hit it half-way
-        )
-    except FileNotFoundError as exc:
-        raise LaunchError(f"cannot start `{argv[0]}`: {exc}") from exc
-    tree = ProcessTree(proc.pid)
+    proc = subprocess.Popen(
+        [sys.executable, GUARD, "--grace", str(STOP_GRACE_S), "--", *argv],
+        stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,  # the guardian's status line
+        cwd=cwd,
+        env=full_env,
+        start_new_session=True,  # neither a kernel interrupt nor a kernel restart's killpg reaches it
+    )
     lines: list[str] = []
     q: queue.Queue = queue.Queue()
 
@@ -182,23 +186,20 @@ def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, co
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     deadline = None if timeout is None else start + timeout
-    last_refresh = 0.0
     try:
         eof = False
         while not eof or proc.poll() is None:
-            now = time.monotonic()
-            if deadline is not None and now > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 _drain(q, lines, out if echo else None)
                 before = "".join(lines)  # what it printed before we stopped it
-                killed = tree.stop()
+                status = _halt(proc)
+                reader.join(timeout=2)
                 _drain(q, lines, None)
-                result = Result(command, list(argv), -9, "".join(lines), time.monotonic() - start, killed=killed)
+                result = Result(command, list(argv), -9, "".join(lines), time.monotonic() - start)
+                result.killed = status.get("killed") or []
                 raise LaunchTimeout(_timeout_message(result, before, timeout, timeout_name), result)
-            if now - last_refresh > 0.3:
-                tree.refresh()
-                last_refresh = now
             if eof:
-                time.sleep(0.05)
+                time.sleep(0.02)
                 continue
             try:
                 item = q.get(timeout=0.1)
@@ -212,21 +213,68 @@ def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, co
                 out.write(item)
                 out.flush()
     except KeyboardInterrupt:
-        killed = tree.stop()
-        n = len(tree.known)
-        out.write(f"\n[nbtools] interrupted: stopped `{command[:80]}` and its {n} process(es); none is left running.\n")
+        status = _halt(proc)
+        n = len(status.get("killed") or [])
+        out.write(
+            f"\n[nbtools] interrupted: stopped `{command[:80]}` and every process it started"
+            f"{f' ({n} had to be killed)' if n else ''}; none is left running.\n"
+        )
         out.flush()
         raise
-    returncode = proc.wait()
+    finally:
+        if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
+            _halt(proc)
     reader.join(timeout=5)
     _drain(q, lines, out if echo else None)
-    killed = []
-    if tree.leftovers():
-        killed = tree.stop(grace=2.0)
-    result = Result(command, list(argv), returncode, "".join(lines), time.monotonic() - start, killed=killed)
+    status = _status(proc)
+    if status.get("returncode") is None:
+        raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {command}")
+    result = Result(command, list(argv), status["returncode"], "".join(lines), time.monotonic() - start)
+    result.killed = status.get("killed") or []
     if check:
         _raise_on_failure(result, markers)
     return result
+
+
+def _status(proc: subprocess.Popen) -> dict:
+    """The guardian's status line (its last JSON line on stderr), once it has exited."""
+    proc.wait()
+    text = proc.stderr.read().decode("utf-8", errors="replace") if proc.stderr else ""
+    for stream in (proc.stdin, proc.stdout, proc.stderr):
+        try:
+            if stream:
+                stream.close()
+        except OSError:
+            pass
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    return {"returncode": None, "reason": f"exit {proc.returncode}: {text.strip()[-2000:]}"}
+
+
+def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
+    """Ask the guardian to stop the whole tree and wait for it; a second Ctrl-C asks it to kill at once."""
+    wait = STOP_GRACE_S + 5
+    while True:
+        try:
+            if proc.stdin and not proc.stdin.closed:
+                proc.stdin.write(how.encode() + b"\n")
+                proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            proc.kill()  # the guardian itself is wedged (never seen); its tree then re-parents to init
+            proc.wait()
+            break
+        except KeyboardInterrupt:
+            how, wait = "kill", 3.0  # impatient: kill now, keep waiting only briefly
+    return _status(proc)
 
 
 def _drain(q: queue.Queue, lines: list[str], out) -> None:

@@ -1,0 +1,210 @@
+"""The guardian: parent of every launched command, so that no launch outlives whoever started it.
+
+``launcher.run`` does not start a command itself. It starts this small program, in a new
+session, and this program starts the command. Then:
+
+- the guardian is a *child subreaper* (Linux): ranks that torch elastic puts in their own
+  sessions, and any process orphaned by its parent (``bash -c 'sleep 999 & echo hi'``), stay
+  its descendants, so it can always find and stop them;
+- its stdin is a pipe from the starter. ``stop`` on it asks for a graceful stop, ``kill`` for
+  an immediate one, and end-of-file means the starter is gone: a notebook kernel that was
+  restarted, shut down or killed with SIGKILL, or ``python -m nbtools launch`` ended by a
+  signal. In each case the guardian stops the whole tree and exits;
+- SIGTERM, SIGINT and SIGHUP to the guardian itself stop the tree too;
+- when the command exits, the guardian stops whatever it left behind (a descendant still
+  holding the output pipe), so the starter sees the end of the output promptly;
+- at exit it writes one JSON line on stderr: ``{"returncode", "killed", "reason"}``.
+
+Stopping is SIGTERM to every live descendant (``accelerate launch``'s agent then ends its
+workers cleanly), a grace period, then SIGKILL to whatever is still alive. Only live
+descendants are signalled, and the guardian reaps its own children, so a reused pid is never
+hit. Run as a script (``python guard.py [--grace S] -- CMD ...``): it imports only the standard
+library and psutil, so it starts in a few tens of milliseconds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+
+PR_SET_CHILD_SUBREAPER = 36
+MARKER_ENV = "NBTOOLS_LAUNCH"  # set on every launched process: `python -m nbtools ps` finds them by it
+
+
+def _become_subreaper() -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def descendants() -> list[psutil.Process]:
+    """Live descendants of this process (zombies excluded)."""
+    try:
+        procs = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    live = []
+    for p in procs:
+        try:
+            if p.status() != psutil.STATUS_ZOMBIE:
+                live.append(p)
+        except psutil.Error:
+            pass
+    return live
+
+
+_keep: set[int] = set()  # the command itself: Popen reaps it, so that its exit status is not lost
+
+
+def _reap() -> None:
+    """Collect exited orphans that were re-parented to us (not the command: Popen reaps that one)."""
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return
+    for p in children:
+        if p.pid in _keep:
+            continue
+        try:
+            if p.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(p.pid, os.WNOHANG)
+        except (psutil.Error, ChildProcessError):
+            pass
+
+
+def stop_all(grace: float) -> list[int]:
+    """SIGTERM every live descendant, wait up to ``grace`` s, SIGKILL the rest; the pids killed."""
+    deadline = time.monotonic() + grace
+    signalled: set[int] = set()
+    # Descendants can appear while we stop (an agent restarting a worker): signal new ones too.
+    while time.monotonic() < deadline:
+        live = descendants()
+        fresh = [p for p in live if p.pid not in signalled]
+        for p in fresh:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+            signalled.add(p.pid)
+        _reap()
+        if not descendants():
+            return []
+        time.sleep(0.05)
+    killed = []
+    for _ in range(5):  # a process may fork while it is being killed
+        live = descendants()
+        if not live:
+            break
+        for p in live:
+            try:
+                p.kill()
+                killed.append(p.pid)
+            except psutil.Error:
+                pass
+        psutil.wait_procs(live, timeout=1.0)
+        _reap()
+    return sorted(set(killed))
+
+
+_requested: list[str] = []
+
+
+def _on_signal(signum, _frame) -> None:
+    _requested.append(f"signal {signal.Signals(signum).name}")
+
+
+def main(argv: list[str]) -> int:
+    grace = 5.0
+    if argv[:1] == ["--grace"]:
+        grace = float(argv[1])
+        argv = argv[2:]
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    if not argv:
+        print("usage: guard.py [--grace S] -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
+    _become_subreaper()
+    status = {"returncode": None, "killed": [], "reason": ""}
+    try:
+        child = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=1,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: signals meant for us do not reach it half-way
+        )
+    except OSError as exc:
+        status.update(returncode=127, reason=f"cannot start `{argv[0]}`: {exc}")
+        sys.stderr.write(json.dumps(status) + "\n")
+        return 0
+    _keep.add(child.pid)
+    # Drop our own copy of the output pipe: the starter sees end-of-file as soon as the
+    # command and its descendants are gone, without waiting for our bookkeeping.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    reason = ""
+    stdin_open = True
+    while True:
+        if child.poll() is not None:
+            break
+        if _requested:
+            reason = _requested[0]
+            break
+        if stdin_open:
+            try:
+                ready, _, _ = select.select([0], [], [], 0.1)
+            except InterruptedError:
+                continue
+            if ready:
+                data = os.read(0, 64)
+                if not data:
+                    reason = "the process that started this command is gone (kernel restarted, shut down or killed?)"
+                    stdin_open = False
+                    break
+                if b"kill" in data:
+                    grace, reason = 0.0, "kill requested"
+                    break
+                if b"stop" in data:
+                    reason = "stop requested"
+                    break
+        else:
+            time.sleep(0.1)
+        _reap()
+    if reason:
+        status["killed"] = stop_all(grace)
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    else:
+        # The command ended: stop anything it left behind (it may hold the output pipe).
+        if descendants():
+            status["killed"] = stop_all(min(grace, 1.0))
+            reason = "stopped what the command left running after it exited"
+    _reap()
+    if child.returncode is None:
+        child.wait()
+    status["returncode"] = child.returncode
+    status["reason"] = reason
+    sys.stderr.write(json.dumps(status) + "\n")
+    sys.stderr.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

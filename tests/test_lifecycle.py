@@ -1,0 +1,180 @@
+"""No launch outlives its kernel or its command: every way a launch can be abandoned, with real processes.
+
+Each case starts a real 2-rank `accelerate launch` (through nbtools) whose ranks are QUIET (they
+sleep after saying they are ready, so no closed output pipe kills them), abandons it one way, and
+checks the process table: nothing that mentions the launch's unique script path may remain 10 s later.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import processes_mentioning, wait_gone
+
+import nbtools
+
+QUIET_RANKS = textwrap.dedent(
+    """
+    import os, sys, time
+    from accelerate import Accelerator
+
+    acc = Accelerator()
+    open(os.path.join(os.path.dirname(os.path.abspath(__file__)), f"ready{acc.process_index}"), "w").close()
+    time.sleep(900)
+    """
+)
+GONE_WITHIN_S = 10.0
+
+
+def _quiet_script(tmp_path: Path) -> Path:
+    script = tmp_path / "quiet_ranks.py"
+    script.write_text(QUIET_RANKS)
+    return script
+
+
+def _expected_ranks() -> int:
+    return nbtools.detect().plan(2).num_processes
+
+
+def _wait_ready(script: Path, timeout: float = 120.0) -> list[psutil.Process]:
+    """Wait until every rank wrote its ready file; return the launch's processes at that moment."""
+    n = _expected_ranks()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all((script.parent / f"ready{i}").exists() for i in range(n)):
+            procs = processes_mentioning(str(script))
+            assert len(procs) >= 1 + n, [p.cmdline() for p in procs]
+            return procs
+        time.sleep(0.2)
+    raise AssertionError(f"the ranks never got ready; processes: {[p.cmdline() for p in processes_mentioning(str(script))]}")
+
+
+def _assert_all_gone(script: Path) -> None:
+    left = wait_gone(str(script), GONE_WITHIN_S)
+    for p in left:  # do not leak into later tests, but fail this one
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    assert not left, f"still running {GONE_WITHIN_S:.0f} s later: {[(p.pid, p.cmdline()) for p in left]}"
+
+
+# --------------------------------------------------------------------------- kernel cases
+jupyter_client = pytest.importorskip("jupyter_client")
+
+
+@pytest.fixture
+def kernel():
+    km = jupyter_client.KernelManager(kernel_name="python3")
+    km.start_kernel(env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    kc = km.client()
+    kc.start_channels()
+    kc.wait_for_ready(timeout=60)
+    yield km, kc
+    kc.stop_channels()
+    if km.is_alive():
+        km.shutdown_kernel(now=True)
+
+
+def _launch_in_kernel(kc, script: Path) -> None:
+    kc.execute(f"import nbtools\nnbtools.accelerate_launch({str(script)!r}, num_processes=2, timeout=900)")
+
+
+@pytest.mark.parametrize("how", ["restart", "shutdown", "sigkill"])
+def test_kernel_gone_mid_launch_leaves_nothing(kernel, tmp_path, how):
+    km, kc = kernel
+    script = _quiet_script(tmp_path)
+    _launch_in_kernel(kc, script)
+    _wait_ready(script)
+    if how == "restart":
+        km.restart_kernel()  # JupyterLab's "Restart Kernel"
+    elif how == "shutdown":
+        km.shutdown_kernel()  # JupyterLab's "Shut Down Kernel"
+    else:
+        os.kill(km.provisioner.process.pid, signal.SIGKILL)
+    _assert_all_gone(script)
+
+
+# --------------------------------------------------------------------------- command-line cases
+def _start_cli_launch(script: Path) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "nbtools", "launch", "--timeout", "900", str(script)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL])
+def test_signal_to_nbtools_launch_leaves_nothing(tmp_path, sig):
+    script = _quiet_script(tmp_path)
+    cli = _start_cli_launch(script)
+    try:
+        _wait_ready(script)
+        cli.send_signal(sig)
+        cli.wait(timeout=GONE_WITHIN_S + 5)
+        _assert_all_gone(script)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def test_second_ctrl_c_while_stopping_leaves_nothing(tmp_path):
+    script = _quiet_script(tmp_path)
+    cli = _start_cli_launch(script)
+    try:
+        _wait_ready(script)
+        cli.send_signal(signal.SIGINT)
+        time.sleep(0.3)  # the first stop is under way
+        cli.send_signal(signal.SIGINT)
+        cli.wait(timeout=GONE_WITHIN_S + 5)
+        _assert_all_gone(script)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+
+
+def test_exception_in_output_loop_leaves_nothing(tmp_path, monkeypatch):
+    """The cell's output stream breaks mid-launch: the launch is stopped, the error propagates."""
+    script = tmp_path / "chatty.py"
+    script.write_text("import time\nfor i in range(1000):\n    print('line', i, flush=True)\n    time.sleep(0.05)\n")
+
+    class Broken:
+        def __init__(self):
+            self.n = 0
+
+        def write(self, text):
+            self.n += 1
+            if self.n > 3:
+                raise OSError("the notebook's output went away")
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Broken())
+    with pytest.raises(OSError, match="output went away"):
+        nbtools.run([sys.executable, str(script)], timeout=120)
+    monkeypatch.undo()
+    _assert_all_gone(script)
+
+
+def test_descendant_holding_the_pipe_does_not_delay_the_return():
+    seconds = str(900 + os.getpid() % 97)  # a command line unique to this test
+
+    def sleepers():
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds]]
+
+    start = time.monotonic()
+    result = nbtools.run(["bash", "-c", f"sleep {seconds} & echo hi"], timeout=300)
+    took = time.monotonic() - start
+    assert result.returncode == 0 and "hi" in result.output
+    assert took < 5, f"returned after {took:.1f} s: it waited for the descendant holding the output pipe"
+    assert not sleepers(), "the descendant is still running"
