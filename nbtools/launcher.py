@@ -57,6 +57,17 @@ HINTS = (
         "and call notebook_launcher before any .to('npu')",
     ),
 )
+# Given to every launch as --config_file, so that the user's own default config is never read.
+# Every value is Accelerate's own default; the launch's flags decide the rest.
+NEUTRAL_CONFIG = {
+    "compute_environment": "LOCAL_MACHINE",
+    "distributed_type": "NO",
+    "mixed_precision": "no",
+    "use_cpu": False,
+    "debug": False,
+    "num_machines": 1,
+    "gpu_ids": "all",
+}
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
 
 
@@ -70,6 +81,8 @@ class Result:
     plan: LaunchPlan | None = None
     port: int | None = None
     killed: list[int] = field(default_factory=list)
+    written: str | None = None  # the command as the learner wrote it, when it differs from ``command``
+    notes: list[str] = field(default_factory=list)  # benign oddities the launcher recognised and explained
 
     @property
     def kv(self) -> dict[str, str]:
@@ -138,6 +151,9 @@ def run(
     """
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
+    # Children write UTF-8 whatever the locale (LANG=C, a GBK locale): we decode their output as UTF-8.
+    full_env["PYTHONIOENCODING"] = "utf-8"
+    full_env["PYTHONUTF8"] = "1"
     if offline:
         full_env.update(OFFLINE_ENV)
     full_env.update(env or {})
@@ -231,6 +247,12 @@ def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, co
         raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {command}")
     result = Result(command, list(argv), status["returncode"], "".join(lines), time.monotonic() - start)
     result.killed = status.get("killed") or []
+    result.written = written
+    _, result.notes = benign_blocks(result.output, result.returncode)
+    if echo:
+        for note in result.notes:
+            out.write(note + "\n")
+        out.flush()
     if check:
         _raise_on_failure(result, markers)
     return result
@@ -318,8 +340,60 @@ def _gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
     )
 
 
+# torch's log prefix, e.g. "E1201 04:10:11.123000 1234 torch/distributed/elastic/agent/server/api.py:1008] ",
+# possibly behind a "[rank1]:" tag; multi-line records repeat it on every line.
+_LOG_PREFIX = re.compile(r"^(?:\[rank\d+\]:)?(?:\[?[IWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] ?)?")
+EXIT_BARRIER = "Error waiting on exit barrier"
+EXIT_BARRIER_NOTE = (
+    "[nbtools] note: torch elastic logged \"Error waiting on exit barrier\" with a traceback above AFTER every rank "
+    "of this machine had finished and the launch exited 0: the agent that holds the rendezvous store (machine 0) had "
+    "already left. It is benign and is not counted as an error."
+)
+
+
+def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
+    """The output without what is known to be benign, and a note for each kind removed.
+
+    Only one thing is benign: torch elastic's exit-barrier error (its log line and the traceback
+    under it) in a launch that exited 0, i.e. every rank of this machine finished and exited 0.
+    Any other traceback, a non-zero exit, or another marker stays in and still fails the launch.
+    """
+    if returncode != 0 or EXIT_BARRIER not in output:
+        return output, []
+    lines = output.splitlines(keepends=True)
+    kept: list[str] = []
+    i = 0
+    removed = False
+    while i < len(lines):
+        if EXIT_BARRIER not in lines[i]:
+            kept.append(lines[i])
+            i += 1
+            continue
+        removed = True
+        i += 1
+        # The traceback(s) that logger.exception appended: frames are indented; the exception line is not;
+        # chained exceptions continue after "During handling ..." / "The above exception ...".
+        while i < len(lines):
+            body = _LOG_PREFIX.sub("", lines[i]).rstrip("\n")
+            if body.startswith("Traceback (most recent call last)"):
+                i += 1
+                while i < len(lines) and _LOG_PREFIX.sub("", lines[i])[:1] in (" ", "\t"):
+                    i += 1
+                if i < len(lines):
+                    i += 1  # the exception line itself
+                continue
+            if not body.strip() or body.startswith(("During handling of the above", "The above exception was")):
+                nxt = next((_LOG_PREFIX.sub("", ln) for ln in lines[i + 1 : i + 3] if ln.strip()), "")
+                if nxt.startswith(("Traceback", "During handling", "The above exception")):
+                    i += 1
+                    continue
+            break
+    return "".join(kept), ([EXIT_BARRIER_NOTE] if removed else [])
+
+
 def _raise_on_failure(result: Result, markers: tuple[str, ...]) -> None:
-    found = [m for m in markers if m in result.output]
+    text, _ = benign_blocks(result.output, result.returncode)
+    found = [m for m in markers if m in text]
     if result.returncode == 0 and not found:
         return
     head = (
@@ -366,6 +440,7 @@ def accelerate_launch(
     echo: bool = True,
     written: str | None = None,
     why: str = "",
+    isolate_config: bool = True,
 ) -> Result:
     """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
 
@@ -380,9 +455,37 @@ def accelerate_launch(
     if plan.fallback and echo:
         print(f"[nbtools] NOTE {plan.note}")
     run_env = dict(plan.env, **(env or {}))
+    # The user's own setup must not change the launch: ACCELERATE_* variables exported in the
+    # kernel, and the default config `accelerate config` wrote (distributed_type: DEEPSPEED,
+    # mixed_precision: fp16, num_processes: 8, ...), which `accelerate launch` would read.
+    unset = tuple(k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env)
+    if unset and echo:
+        print(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
+    config_dir = None
+    config_flags: list[str] = []
+    if isolate_config and "--config_file" not in extra_flags:
+        config_dir = tempfile.mkdtemp(prefix="nbtools-accelerate-")
+        config_file = Path(config_dir) / "neutral_config.json"
+        config_file.write_text(json.dumps(NEUTRAL_CONFIG))
+        config_flags = ["--config_file", str(config_file)]
+    try:
+        return _launch_tries(
+            plan, script, script_args, mixed_precision, port, run_env, unset, [*config_flags, *extra_flags],
+            dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why),
+            check,
+        )
+    finally:
+        if config_dir:
+            shutil.rmtree(config_dir, ignore_errors=True)
+
+
+def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, unset, extra_flags, run_kw, check) -> Result:
+    """Run the launch; on a taken port retry on another, on a gloo teardown abort retry once."""
+    echo = run_kw["echo"]
+    num_processes = plan.num_processes
     base_argv = [_executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
     shown_base = ["accelerate", "launch", *plan.flags, "--mixed_precision", mixed_precision]
-    tries = 3  # a taken port: retry on another; a gloo teardown abort: retry once
+    tries = 3
     retried_abort = False
     for attempt in range(tries):
         port_flags: list[str] = []
@@ -391,25 +494,10 @@ def accelerate_launch(
             chosen = port or free_port()
             port_flags = ["--main_process_port", str(chosen)]
         tail = [*extra_flags, *port_flags, str(script), *map(str, script_args)]
-        # A stray ACCELERATE_USE_CPU in the kernel would silently move every rank to the CPU.
-        unset = ("ACCELERATE_USE_CPU",) if plan.device != "cpu" else ()
         argv = [*base_argv, *tail]
         shown = shell_line([*shown_base, *tail], run_env)
         try:
-            result = run(
-                argv,
-                env=run_env,
-                shown=shown,
-                unset=unset,
-                cwd=cwd,
-                timeout=timeout,
-                timeout_name=timeout_name,
-                check=False,
-                echo=echo,
-                offline=offline,
-                written=written,
-                why=why,
-            )
+            result = run(argv, env=run_env, shown=shown, unset=unset, check=False, **run_kw)
         except LaunchError as exc:
             if exc.result is not None:
                 exc.result.plan, exc.result.port = plan, chosen
@@ -429,7 +517,7 @@ def accelerate_launch(
                     "again once -- its output below is what the checks see"
                 )
             continue
-        if check:
-            _raise_on_failure(result, ERROR_MARKERS)
-        return result
-    raise AssertionError("unreachable")
+        break
+    if check:
+        _raise_on_failure(result, ERROR_MARKERS)
+    return result

@@ -16,11 +16,11 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 import nbtools
-from nbtools import LaunchError, LaunchTimeout
+from nbtools import LaunchError, LaunchTimeout, launcher
 
 WORKER = textwrap.dedent(
     """
-    import sys, time, torch
+    import os, sys, time, torch
     from accelerate import Accelerator
     acc = Accelerator()
     mode = sys.argv[1] if len(sys.argv) > 1 else ""
@@ -28,6 +28,8 @@ WORKER = textwrap.dedent(
     g = acc.gather_for_metrics(x)
     acc.print(f"world={acc.num_processes} distributed_type={acc.distributed_type.name} backend={acc.state.backend}")
     acc.print(f"gathered={g.tolist()}")
+    acc.print(f"debug_mode={os.environ.get('ACCELERATE_DEBUG_MODE', 'unset')}")
+    acc.print("visible=" + (os.environ.get("ASCEND_RT_VISIBLE_DEVICES") or os.environ.get("CUDA_VISIBLE_DEVICES") or "unset"))
     if mode == "crash" and acc.process_index == 1:
         raise RuntimeError("boom on rank 1")
     if mode == "hang":
@@ -83,25 +85,104 @@ def test_a_hanging_rank_is_stopped_at_the_timeout_and_leaves_nothing(worker):
     assert wait_gone(str(worker)) == []
 
 
-def test_port_29500_held_elsewhere_does_not_break_a_launch(worker, tmp_path, monkeypatch):
+def test_a_taken_rendezvous_port_is_retried_on_another(worker, tmp_path, monkeypatch, capsys):
+    """The port the launcher picked is taken before the launch binds it: it must retry elsewhere.
+
+    The race is forced: the first "free" port handed out is one this test has bound (without
+    listening, so the rendezvous fails at once with EADDRINUSE)."""
     holder = socket.socket()
-    holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        holder.bind(("0.0.0.0", 29500))
-        holder.listen(1)
-    except OSError:
-        pytest.skip("port 29500 is already in use on this machine (which is what this test simulates)")
+    holder.bind(("0.0.0.0", 0))
+    taken = holder.getsockname()[1]
+    real_free_port = launcher.free_port
+    handed = []
+
+    def racy_free_port(host="127.0.0.1"):
+        port = taken if not handed else real_free_port(host)
+        handed.append(port)
+        return port
+
+    monkeypatch.setattr(launcher, "free_port", racy_free_port)
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
+    plan = nbtools.detect().plan(2)
     try:
-        result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False)
+        result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180)
     finally:
         holder.close()
-    assert result.port != 29500
-    assert result.kv["world"] == "2"
+    assert handed[0] == taken and result.port == handed[-1] != taken, (handed, result.port)
+    assert f"port {taken} was taken meanwhile" in capsys.readouterr().out
+    assert result.kv["world"] == str(plan.num_processes)
+    assert result.kv["distributed_type"] == plan.distributed_type
     # torch elastic's torchelastic_* folders went into the launch's private TMPDIR, now removed
     assert list(temp.iterdir()) == []
+
+
+def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_path, monkeypatch):
+    """What `accelerate config` writes (DeepSpeed, fp16, 8 processes, gpu_ids) must not change a launch."""
+    home = tmp_path / "hf_home"
+    (home / "accelerate").mkdir(parents=True)
+    (home / "accelerate" / "default_config.yaml").write_text(
+        textwrap.dedent(
+            """
+            compute_environment: LOCAL_MACHINE
+            distributed_type: DEEPSPEED
+            deepspeed_config:
+              zero_stage: 2
+            gpu_ids: 0,1,2,3
+            mixed_precision: fp16
+            num_processes: 8
+            num_machines: 1
+            machine_rank: 0
+            use_cpu: false
+            debug: true
+            """
+        )
+    )
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    plan = nbtools.detect().plan(2)
+    result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False)
+    assert result.kv["world"] == str(plan.num_processes)
+    assert result.kv["distributed_type"] == plan.distributed_type
+    assert result.kv["backend"] == str(plan.backend)
+    assert result.kv["debug_mode"] == "unset", "the user's `debug: true` reached the ranks"
+    assert result.kv["visible"] == plan.env.get(str(nbtools.detect().visible_var), "unset"), result.kv
+    # The same launch reading the user's config is a different launch: the fixture really bites.
+    leaked = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False, check=False, isolate_config=False)
+    assert leaked.returncode != 0 or leaked.kv.get("debug_mode") == "true", leaked.output[-2000:]
+
+
+EXIT_BARRIER_LOG = textwrap.dedent(
+    """
+    print("world=2")
+    p = "E1201 04:10:11.123000 1234 torch/distributed/elastic/agent/server/api.py:1008] "
+    print(p + "Error waiting on exit barrier. Elapsed: 0.51 seconds")
+    print(p + "Traceback (most recent call last):")
+    print(p + '  File "api.py", line 1000, in _exit_barrier')
+    print(p + "    store_util.barrier(")
+    print(p + "torch.distributed.DistNetworkError: failed to recv, got 0 bytes")
+    """
+)
+
+
+def test_the_exit_barrier_error_after_a_clean_exit_is_benign_and_said_so(python, capsys):
+    result = nbtools.run([python, "-c", EXIT_BARRIER_LOG])
+    assert result.ok and result.notes and "benign" in result.notes[0]
+    assert result.notes[0] in capsys.readouterr().out  # shown in the cell, one line
+
+
+@pytest.mark.parametrize(
+    "tail, code",
+    [
+        ("", 1),  # a non-zero exit: the same log is no longer benign
+        ("raise ValueError('a real error after the barrier')", 0),  # another traceback still fails
+        ("print('[ERROR] something else')", 0),  # another marker still fails
+    ],
+)
+def test_anything_beside_the_benign_exit_barrier_still_fails(python, tail, code):
+    with pytest.raises(LaunchError):
+        nbtools.run([python, "-c", EXIT_BARRIER_LOG + f"\n{tail}\nraise SystemExit({code})\n"], echo=False)
 
 
 def test_non_zero_exit_raises_with_the_last_lines(python):
