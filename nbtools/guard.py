@@ -36,7 +36,6 @@ import time
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
-MARKER_ENV = "NBTOOLS_LAUNCH"  # set on every launched process: `python -m nbtools ps` finds them by it
 
 
 def _become_subreaper() -> bool:

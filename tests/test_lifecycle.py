@@ -20,6 +20,7 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 import nbtools
+import nbtools.ps
 
 QUIET_RANKS = textwrap.dedent(
     """
@@ -178,3 +179,24 @@ def test_descendant_holding_the_pipe_does_not_delay_the_return():
     assert result.returncode == 0 and "hi" in result.output
     assert took < 5, f"returned after {took:.1f} s: it waited for the descendant holding the output pipe"
     assert not sleepers(), "the descendant is still running"
+
+
+# --------------------------------------------------------------------------- leftovers from earlier runs
+def test_ps_lists_a_leftover_launch_and_kill_stops_it(kernel, tmp_path):
+    """A kernel wedged mid-launch (alive, so its launch goes on): `nbtools ps` shows it, `--kill` ends it."""
+    km, kc = kernel
+    script = _quiet_script(tmp_path)
+    _launch_in_kernel(kc, script)
+    procs = _wait_ready(script)
+    listing = subprocess.run([sys.executable, "-m", "nbtools", "ps"], capture_output=True, text=True, timeout=60)
+    assert listing.returncode == 0, listing.stderr
+    for p in procs:
+        assert str(p.pid) in listing.stdout, (p.pid, listing.stdout)
+    assert "guardian" in listing.stdout and "still running" in listing.stdout
+    # Stop only this test's launch (other launches on this machine are not ours to kill).
+    ours = [g for g in nbtools.ps.find() if {p.pid for p in g.processes} & {p.pid for p in procs}]
+    assert len(ours) == 1 and ours[0].starter_alive
+    assert nbtools.ps.stop(ours) == []
+    _assert_all_gone(script)
+    after = subprocess.run([sys.executable, "-m", "nbtools", "ps"], capture_output=True, text=True, timeout=60)
+    assert ours[0].id not in after.stdout, after.stdout

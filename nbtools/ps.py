@@ -1,0 +1,157 @@
+"""`python -m nbtools ps [--kill]`: the launch processes nbtools started that are still alive.
+
+Every process of a launch carries the variable ``NBTOOLS_LAUNCH=<launch id>:<starter pid>``
+(set by the launcher, inherited by the guardian, ``accelerate launch`` and every rank), so
+leftovers are found by that mark, not by guessing from command lines. ``--kill`` asks each
+launch's guardian to stop its tree (SIGTERM, then SIGKILL after a grace period) and kills
+whatever carries the mark and is still alive after that. Where ``npu-smi`` exists, its process
+table is shown too: the processes that hold an NPU right now, whoever started them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from .launcher import GUARD, MARKER_ENV, STOP_GRACE_S
+
+
+@dataclass
+class LaunchProcess:
+    pid: int
+    age_s: float
+    role: str  # guardian / command / worker
+    cmdline: str
+
+
+@dataclass
+class Launch:
+    id: str
+    starter_pid: int
+    starter_alive: bool
+    processes: list[LaunchProcess] = field(default_factory=list)
+
+
+def _mark(proc: psutil.Process) -> str | None:
+    try:
+        return proc.environ().get(MARKER_ENV)
+    except (psutil.Error, OSError):
+        return None  # another user's process, or gone
+
+
+def find() -> list[Launch]:
+    """Every launch with a live process, except the one this process belongs to."""
+    own = os.environ.get(MARKER_ENV)
+    me = os.getpid()
+    groups: dict[str, Launch] = {}
+    now = time.time()
+    for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status", "ppid"]):
+        if proc.info["pid"] == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
+            continue
+        mark = _mark(proc)
+        if not mark or mark == own:
+            continue
+        launch_id, _, starter = mark.partition(":")
+        starter_pid = int(starter) if starter.isdigit() else 0
+        if launch_id not in groups:
+            groups[launch_id] = Launch(launch_id, starter_pid, bool(starter_pid) and psutil.pid_exists(starter_pid))
+        cmd = proc.info["cmdline"] or []
+        role = "guardian" if GUARD in cmd else "worker"
+        groups[launch_id].processes.append(
+            LaunchProcess(proc.info["pid"], now - (proc.info["create_time"] or now), role, " ".join(cmd))
+        )
+    for launch in groups.values():
+        guardians = {p.pid for p in launch.processes if p.role == "guardian"}
+        for p in launch.processes:
+            try:
+                if p.role == "worker" and psutil.Process(p.pid).ppid() in guardians:
+                    p.role = "command"
+            except psutil.Error:
+                pass
+        launch.processes.sort(key=lambda p: ("guardian", "command", "worker").index(p.role))
+    return sorted(groups.values(), key=lambda g: -max(p.age_s for p in g.processes))
+
+
+def _age(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def render(launches: list[Launch], width: int = 110) -> str:
+    if not launches:
+        return "no launch started by nbtools is running"
+    lines = []
+    for g in launches:
+        who = "still running" if g.starter_alive else "GONE (kernel restarted or killed?)"
+        lines.append(f"launch {g.id}: started by pid {g.starter_pid}, which is {who}")
+        for p in g.processes:
+            lines.append(f"  {p.pid:>7}  {_age(p.age_s):>7}  {p.role:<8}  {p.cmdline[: width - 30]}")
+    n = sum(len(g.processes) for g in launches)
+    lines.append(f"{len(launches)} launch(es) still running ({n} process(es)): `python -m nbtools ps --kill` stops them")
+    return "\n".join(lines)
+
+
+def stop(launches: list[Launch], grace: float = STOP_GRACE_S) -> list[int]:
+    """Stop every process of these launches; returns the pids still alive afterwards (none, normally)."""
+    pids = [p.pid for g in launches for p in g.processes]
+    procs = []
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    guardians = [p for g in launches for p in g.processes if p.role == "guardian"]
+    for g in guardians:  # each guardian stops its own tree, gracefully first
+        try:
+            psutil.Process(g.pid).terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace + 3 if guardians else 0.1)
+    for p in alive:  # no guardian (it was killed), or it could not stop them: terminate, then kill
+        try:
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=grace)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(alive, timeout=3)
+    return [p.pid for p in alive]
+
+
+def npu_processes(timeout: float = 20) -> str | None:
+    """The process table of `npu-smi info`, or None where there is no npu-smi."""
+    exe = shutil.which("npu-smi")
+    if not exe:
+        return None
+    try:
+        text = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=timeout).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"npu-smi info failed: {exc}"
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if "Process id" in ln), None)
+    return "\n".join(lines[start - 1 :] if start else lines)
+
+
+def main(kill: bool = False, out=print) -> int:
+    launches = find()
+    out(render(launches))
+    table = npu_processes()
+    if table is not None:
+        out("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + table)
+    if not kill or not launches:
+        return 0
+    left = stop(launches)
+    if left:
+        out(f"could not stop pid(s) {', '.join(map(str, left))} (another user's? try `kill -9` as that user)")
+        return 1
+    out(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")
+    return 0
