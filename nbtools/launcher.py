@@ -93,6 +93,10 @@ class Result:
     def ok(self) -> bool:
         return self.returncode == 0
 
+    def __repr__(self) -> str:  # a cell ending in `%cmd ...` shows this, below the streamed output
+        lines = len(self.output.splitlines())
+        return f"<Result: exit {self.returncode}, {lines} line(s) of output in {self.duration_s:.1f} s>"
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port nobody listens on right now (the OS picks it)."""

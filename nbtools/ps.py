@@ -63,7 +63,7 @@ def find() -> list[Launch]:
         cmd = proc.info["cmdline"] or []
         role = "guardian" if GUARD in cmd else "worker"
         groups[launch_id].processes.append(
-            LaunchProcess(proc.info["pid"], now - (proc.info["create_time"] or now), role, " ".join(cmd))
+            LaunchProcess(proc.info["pid"], now - (proc.info["create_time"] or now), role, " ".join(cmd).replace("\n", " "))
         )
     for launch in groups.values():
         guardians = {p.pid for p in launch.processes if p.role == "guardian"}
