@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass
 from importlib import metadata
+
+from packaging.version import InvalidVersion, Version
 
 from .device import CANN_FIX, DeviceInfo, detect
 
@@ -38,20 +41,28 @@ def _ver(name: str) -> str | None:
 
 
 def _major_minor(v: str | None) -> tuple[int, ...]:
+    """(major, minor) of a PEP 440 version: '2.9.0+cu128' and '2.1.0a0+git12ab' compare by their public release."""
     if not v:
         return ()
-    parts = []
-    for p in v.split("+")[0].split(".")[:2]:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        parts.append(int(digits or 0))
-    return tuple(parts)
+    try:
+        return Version(v).release[:2]
+    except InvalidVersion:
+        return ()
 
 
-def accelerate_config_path() -> str:
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
-    )
-    return os.path.join(hf_home, "accelerate", "default_config.yaml")
+def accelerate_config_path() -> str | None:
+    """The default config file `accelerate launch` would read, as Accelerate itself computes it.
+
+    Asked of Accelerate in a child process (its config module imports torch): default_config.yaml
+    or default_config.json under HF_HOME/accelerate, whichever Accelerate picks.
+    """
+    code = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = proc.stdout.strip().splitlines()
+    return lines[-1] if proc.returncode == 0 and lines else None
 
 
 def diagnose(info: DeviceInfo | None = None) -> list[Row]:
@@ -117,8 +128,15 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     if not _ver("ipywidgets"):
         rows.append(Row("ipywidgets", "not installed", WARN, "JupyterLab shows a TqdmWarning box without it: pip install ipywidgets"))
     cfg = accelerate_config_path()
-    if os.path.exists(cfg):
-        rows.append(Row("accelerate config", cfg, WARN, "a default config changes `accelerate launch`; the series passes flags explicitly, but check it"))
+    if cfg and os.path.exists(cfg):
+        rows.append(
+            Row(
+                "accelerate config",
+                cfg,
+                INFO,
+                "your `accelerate launch` reads it; the series' launches ignore it (they pass a neutral --config_file)",
+            )
+        )
     return rows
 
 
