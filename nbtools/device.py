@@ -11,12 +11,15 @@ The probe runs in a child Python process, for three reasons:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
+from pathlib import Path
 
 from .errors import DeviceError
 
@@ -303,13 +306,66 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
 
 _CACHE: dict[tuple, DeviceInfo] = {}
 CACHE_ENV = "NBTOOLS_DEVICE_PROBE"  # JSON probe answers handed down by the runner
+# What the probe's answers depend on: the interpreter, what is installed, and the variables
+# that decide which devices and which CANN libraries a process sees.
+_PROBE_KEY_VARS = (
+    "ASCEND_RT_VISIBLE_DEVICES",
+    "CUDA_VISIBLE_DEVICES",
+    "LD_LIBRARY_PATH",
+    "ASCEND_TOOLKIT_HOME",
+    "ASCEND_HOME_PATH",
+    "TORCH_DEVICE_BACKEND_AUTOLOAD",
+    "PYTHONPATH",
+)
+PROBE_CACHE_TTL_S = 600.0
+
+
+def _probe_cache_file(python: str) -> Path:
+    """Where this interpreter's probe answers are kept between processes, keyed on what they depend on."""
+    key = json.dumps(
+        [
+            os.path.realpath(python),
+            [_pkg_version(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
+            [os.environ.get(v) for v in _PROBE_KEY_VARS],
+        ]
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
+    return base / f"probe-{digest}.json"
+
+
+def cached_probe(python: str | None = None, refresh: bool = False) -> dict:
+    """The probe's answers, from a fresh child process at most every PROBE_CACHE_TTL_S seconds.
+
+    A probe imports torch (seconds); `python -m nbtools launch` would pay that at every call.
+    Answers that report a problem are never cached: a fix (e.g. sourcing CANN's set_env.sh)
+    shows at the next call.
+    """
+    python = python or sys.executable
+    path = _probe_cache_file(python)
+    if not refresh:
+        try:
+            if time.time() - path.stat().st_mtime < PROBE_CACHE_TTL_S:
+                return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    answers = run_probe(python)
+    if not any(k.endswith("_error") for k in answers):
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(answers))
+            os.replace(tmp, path)
+        except OSError:
+            pass
+    return answers
 
 
 def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
     """Tell what this machine is. Never raises: problems are listed in ``.problems``."""
     if probe is not None:
         return from_probe(probe)
-    key = (sys.executable, os.environ.get("ASCEND_RT_VISIBLE_DEVICES"), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    key = (sys.executable, *(os.environ.get(v) for v in _PROBE_KEY_VARS))
     if refresh or key not in _CACHE:
         cached = os.environ.get(CACHE_ENV)
         answers = None
@@ -318,5 +374,5 @@ def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
                 answers = json.loads(cached)
             except ValueError:
                 answers = None
-        _CACHE[key] = from_probe(answers if answers is not None else run_probe())
+        _CACHE[key] = from_probe(answers if answers is not None else cached_probe(refresh=refresh))
     return _CACHE[key]
