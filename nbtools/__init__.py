@@ -1,17 +1,21 @@
 """nbtools: the plumbing behind the Accelerate-on-Ascend notebook series.
 
-Device detection (device.py), the launcher (launcher.py), expected-output matching
-(expected.py), check verdicts (checks.py), parameters and work dirs (params.py),
+The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cmd`` /
+``%launch`` magics (magics.py, rules in commands.py) after ``%load_ext nbtools``.
+Underneath: device detection (device.py), the launcher (launcher.py), expected-output
+matching and version comparison (expected.py), check verdicts (checks.py), parameters and work dirs (params.py),
 the notebook runner (runner.py, report.py), the hygiene check (hygiene.py) and the
 doctor (doctor.py). Importing this package never imports torch.
 """
 
 from .checks import SEED_CHECKS, passed, skipped
+from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect
 from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
-from .expected import assert_matches, match, parse_kv
+from .expected import assert_matches, editable, installed, match, parse_kv, public_version, same_version
 from .launcher import Result, accelerate_launch, free_port, run
 from .params import cleanup, validate, work_dir
+from .session import Session, setup
 
 __version__ = "0.1.0"
 
@@ -24,6 +28,7 @@ def load_ipython_extension(ip):
 
 __all__ = [
     "SEED_CHECKS",
+    "CommandNotHere",
     "DeviceError",
     "DeviceInfo",
     "LaunchError",
@@ -32,16 +37,22 @@ __all__ = [
     "NbtoolsError",
     "OutputMismatch",
     "ParameterError",
+    "Session",
     "Result",
     "accelerate_launch",
     "assert_matches",
     "cleanup",
     "detect",
+    "editable",
     "free_port",
+    "installed",
     "match",
     "parse_kv",
     "passed",
+    "public_version",
     "run",
+    "same_version",
+    "setup",
     "skipped",
     "validate",
     "work_dir",

@@ -4,7 +4,8 @@
 - a line that is exactly ``...`` matches any number of lines (zero included);
 - trailing whitespace is ignored; blank lines in the actual output are ignored.
 
-And ``parse_kv``: the ``key=value`` lines the seed's scripts print.
+And ``parse_kv``: the ``key=value`` / ``key: value`` lines the quick-start's commands print;
+``same_version``: two version strings name the same release (PEP 440 public version).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ IN_LINE = "xxx"
 _KEY = r"[A-Za-z_][\w.\-]*"
 _PAIR = re.compile(rf"({_KEY})=(.*?)(?=\s+{_KEY}=|\s*$)")
 _KV_LINE = re.compile(rf"^\s*{_KEY}=.*$")
+_COLON_LINE = re.compile(rf"^\s*({_KEY}):\s+(\S.*?)\s*$")  # `is_available: True` (one pair a line)
 
 
 def _line_regex(expected_line: str) -> re.Pattern:
@@ -99,13 +101,69 @@ def assert_matches(expected: str, actual: str, what: str = "output") -> None:
 
 
 def parse_kv(text: str) -> dict[str, str]:
-    """``key=value`` pairs from lines made only of such pairs (``a=1 b=[1, 2]``); later lines win."""
+    """Pairs from the lines of ``text`` that are made only of them; later lines win.
+
+    - ``key=value`` pairs, several a line (``a=1 b=[1, 2]``), also ``key= value`` (``torch= 2.9.0``);
+    - ``key: value``, one a line (``is_available: True``); the key is one word, so prose such as
+      ``- PyTorch accelerator: N/A`` is not read.
+    A leading ``[rankN]:`` prefix is dropped.
+    """
     out: dict[str, str] = {}
     for line in text.splitlines():
         line = re.sub(r"^\[rank\d+\]:\s*", "", line)
-        if not _KV_LINE.match(line):
+        if _KV_LINE.match(line):
+            pairs = _PAIR.findall(line.strip())
+            if pairs and "".join(f"{k}={v}" for k, v in pairs).replace(" ", "") == line.strip().replace(" ", ""):
+                out.update({k: v.strip() for k, v in pairs})
             continue
-        pairs = _PAIR.findall(line.strip())
-        if pairs and "".join(f"{k}={v}" for k, v in pairs).replace(" ", "") == line.strip().replace(" ", ""):
-            out.update({k: v.strip() for k, v in pairs})
+        m = _COLON_LINE.match(line)
+        if m:
+            out[m.group(1)] = m.group(2)
     return out
+
+
+def public_version(version: str) -> str:
+    """The PEP 440 public version: local labels dropped (``2.14.1+cu130`` -> ``2.14.1``)."""
+    text = str(version).strip()
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # packaging comes with accelerate; keep a plain fallback anyway
+        return text.split("+", 1)[0]
+    try:
+        return Version(text).public
+    except InvalidVersion:
+        return text.split("+", 1)[0]
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    """Do ``a`` and ``b`` name the same release? Compared by PEP 440 public version, so torch's
+    ``__version__`` ``2.14.1+cu130`` equals its distribution's ``2.14.1`` (and ``2.1.0a0+git1234``
+    equals ``2.1.0a0``); ``None`` (not installed) equals nothing."""
+    if not a or not b:
+        return False
+    return a.strip() == b.strip() or public_version(a) == public_version(b)
+
+
+def installed(distribution: str) -> str | None:
+    """The installed version of a distribution (from its metadata, no import), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def editable(distribution: str) -> bool:
+    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
+    import json
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution(distribution).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return False
+    try:
+        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable", False))
+    except ValueError:
+        return False

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -56,28 +57,64 @@ def validate(
 
 
 _CREATED: set[Path] = set()  # work dirs this process created: the only ones it may remove
+_PERSISTENT: set[Path] = set()  # interactive work folders: kept so a learner can rerun the commands in a terminal
+UNATTENDED_ENV = "NBTOOLS_UNATTENDED"
 
 
-def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nbtools-") -> Path:
-    """The notebook's private work dir: ``path`` if given, else a fresh ``mkdtemp`` (mode 0700).
+def unattended(environ=None) -> bool:
+    """Is this kernel run by papermill / ``python -m nbtools run`` / CI rather than by a person?
 
-    A directory nbtools creates is removed when the kernel exits (and by ``cleanup``) unless
-    ``keep``, so a failing run leaves nothing behind either. A directory that already existed
-    is never removed: it may hold the learner's own files.
+    True when ``NBTOOLS_UNATTENDED=1``, ``CI=true``, or the kernel's parent process command line
+    mentions papermill or ``nbtools run``.
     """
+    environ = os.environ if environ is None else environ
+    if environ.get(UNATTENDED_ENV, "").strip().lower() in ("1", "true", "yes"):
+        return True
+    if environ.get("CI", "").strip().lower() in ("1", "true"):
+        return True
+    try:
+        import psutil
+
+        parent = " ".join(psutil.Process(os.getppid()).cmdline())
+    except Exception:  # psutil missing, or the parent is gone / not ours to read
+        return False
+    return "papermill" in parent or "nbtools run" in parent or "nbtools.cli run" in parent
+
+
+def notebook_stem(environ=None) -> str:
+    """The running notebook's name without folder and suffix (JupyterLab sets JPY_SESSION_NAME), else 'notebook'."""
+    environ = os.environ if environ is None else environ
+    name = environ.get("JPY_SESSION_NAME", "").strip()
+    stem = Path(name).stem if name else ""
+    return re.sub(r"[^\w.-]", "_", stem) or "notebook"
+
+
+def work_dir(
+    path: str | os.PathLike = "",
+    keep: bool = False,
+    prefix: str = "nbtools-",
+    *,
+    persistent: bool = False,
+    base: str | os.PathLike | None = None,
+) -> Path:
+    """The notebook's work dir.
+
+    - ``path`` given: that folder (created if needed; a folder that existed before is never removed);
+    - else ``persistent`` (interactive use): ``<base or cwd>/work/<notebook stem>``, kept after the
+      notebook so a learner can ``cd`` there and rerun the commands in a terminal;
+    - else a fresh private ``mkdtemp`` (mode 0700).
+
+    A directory nbtools creates and that is not persistent is removed when the kernel exits
+    (and by ``cleanup``) unless ``keep``, so a failing run leaves nothing behind either.
+    """
+    if not path and persistent:
+        path = Path(base or os.getcwd()) / "work" / notebook_stem()
+        p = _writable(path, "")
+        _PERSISTENT.add(p)
+        return p
     if path:
-        p = Path(path).expanduser().resolve()
-        existed = p.exists()
-        try:
-            p.mkdir(parents=True, exist_ok=True)
-            probe = p / ".nbtools-write-test"
-            probe.write_text("ok")
-            probe.unlink()
-        except OSError as exc:
-            raise ParameterError(
-                f"parameter work_dir={str(path)!r} cannot be written ({exc.strerror or exc}); "
-                "accepted: a writable directory, or '' for a fresh private temporary directory"
-            ) from None
+        existed = Path(path).expanduser().resolve().exists()
+        p = _writable(path, str(path))
     else:
         p = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
         existed = False
@@ -88,12 +125,30 @@ def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nb
     return p
 
 
+def _writable(path: str | os.PathLike, shown: str) -> Path:
+    p = Path(path).expanduser().resolve()
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / ".nbtools-write-test"
+        probe.write_text("ok")
+        probe.unlink()
+    except OSError as exc:
+        raise ParameterError(
+            f"parameter work_dir={shown!r} cannot be written ({exc.strerror or exc} at {p}); "
+            "accepted: a writable directory, or '' for the default work folder"
+        ) from None
+    return p
+
+
 def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
-    """Remove the work dir unless ``keep`` or it existed before; returns what was done, for the cell to print."""
+    """Remove the work dir unless ``keep``, persistent, or it existed before; returns what was done."""
     p = Path(path).resolve()
     if keep:
-        return f"work dir kept: {p}"
+        return f"work folder kept: {p}"
+    if p in _PERSISTENT:
+        return f"work folder kept (interactive use: cd there to rerun the commands in a terminal): {p}"
     if p not in _CREATED:
-        return f"work dir left in place (it existed before this notebook, so it may hold your files): {p}"
+        return f"work folder left in place (it existed before this notebook, so it may hold your files): {p}"
     shutil.rmtree(p, ignore_errors=True)
-    return f"work dir removed: {p}"
+    _CREATED.discard(p)
+    return f"work folder removed: {p}"

@@ -56,3 +56,38 @@ def test_parse_kv_reads_pairs_and_ignores_prose():
         "gathered": "[1, 2, 3, 1, 2, 3]",
         "world": "2",
     }
+
+
+def test_parse_kv_reads_colon_pairs_and_spaced_equals():
+    text = "torch= 2.14.1+cu130\ntorch_npu= not installed\nis_available: True\ncount: 2\n- PyTorch accelerator: NPU\n"
+    assert parse_kv(text) == {"torch": "2.14.1+cu130", "torch_npu": "not installed", "is_available": "True", "count": "2"}
+    assert parse_kv("[rank1]: world: 2\nratio: \n") == {"world": "2"}  # a key without a value is not a pair
+
+
+def test_same_version_compares_public_versions():
+    from nbtools import public_version, same_version
+
+    assert same_version("2.14.1", "2.14.1+cu130")  # the "any torch" bug: metadata vs torch.__version__
+    assert same_version("2.9.0+cpu", "2.9.0")
+    assert same_version("2.1.0a0+git1234abc", "2.1.0a0")
+    assert not same_version("2.9.0", "2.9.0.post2")
+    assert not same_version("2.9.0", "2.14.1")
+    assert not same_version(None, "2.9.0") and not same_version("2.9.0", None)
+    assert public_version("not a version+x") == "not a version"
+
+
+def test_installed_and_editable_read_package_metadata(tmp_path, monkeypatch):
+    import json
+
+    from nbtools import editable, installed
+
+    assert installed("no-such-distribution-xyz") is None and not editable("no-such-distribution-xyz")
+    assert installed("psutil")  # a dependency of nbtools
+    info = tmp_path / "fake_pkg-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-pkg\nVersion: 1.0\n")
+    (info / "direct_url.json").write_text(json.dumps({"url": "file:///x", "dir_info": {"editable": True}}))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert installed("fake-pkg") == "1.0" and editable("fake-pkg")
+    (info / "direct_url.json").write_text(json.dumps({"url": "file:///x", "dir_info": {}}))
+    assert not editable("fake-pkg")

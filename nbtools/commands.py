@@ -1,0 +1,300 @@
+"""The rules that turn a command as a learner writes it into the one that runs on this machine.
+
+A notebook cell shows the quick-start's command exactly (``python ...``, ``uv pip install ...``,
+``ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch ...``). Some of those mean something else here
+(another interpreter on PATH, no NPU, no ``uv``), so each rule below rewrites one thing and says
+why in one line. Only these rules exist: there is no general rewriter.
+
+- ``parse``: options (``--timeout S``, ``--allow-fail``, ``--online``), ``NAME=VALUE`` prefixes, argv;
+  a command may span lines (quotes over newlines, backslash-newline continuations).
+- ``resolve``: the real argv/env of a command (``%cmd``).
+- ``launch_call``: the real ``accelerate launch`` of a written one (``%launch``), via the launch plan.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
+from .errors import NbtoolsError, ParameterError
+
+ASCEND_VAR = VISIBLE_VARS["npu"]
+CUDA_VAR = VISIBLE_VARS["cuda"]
+_ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+# The quick-start's check-torch one-liner (its `-c` program), and what it becomes without torch_npu.
+CHECK_TORCH = (
+    "import torch, torch_npu; print('torch=', torch.__version__); print('torch_npu=', torch_npu.__version__); "
+    "print('is_available:', torch.npu.is_available()); print('count:', torch.npu.device_count())"
+)
+CHECK_TORCH_WITHOUT_NPU = (
+    "import torch; print('torch=', torch.__version__); print('torch_npu=', 'not installed'); "
+    "print('is_available:', torch.cuda.is_available()); print('count:', torch.cuda.device_count())"
+)
+
+# `accelerate launch` flags that take no value (everything else starting with - takes one).
+_LAUNCH_SWITCHES = {
+    "--cpu", "--multi_gpu", "--tpu", "--use_xpu", "--ipex", "-m", "--module", "--no_python",
+    "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config", "--debug",
+    "-q", "--quiet", "--same_network", "--enable_cpu_affinity", "--downcast_bf16",
+    "--tpu_use_cluster", "--tpu_use_sudo", "--vm",
+}
+# Flags the launch plan of this machine sets itself: the written ones are replaced.
+_PLAN_FLAGS = {"--num_processes", "--mixed_precision", "--multi_gpu", "--cpu", "--num_machines",
+               "--dynamo_backend", "--main_process_port"}
+
+
+class CommandNotHere(NbtoolsError):
+    """The written program does not exist on this machine (e.g. ``npu-smi`` off an Ascend host)."""
+
+
+@dataclass
+class Written:
+    """A command as written in a cell, split up (after IPython's ``{expr}`` expansion)."""
+
+    text: str  # as written, options removed: what the cell prints after `$ `
+    env: dict[str, str]
+    argv: list[str]
+    timeout: float | None = None
+    allow_fail: bool = False
+    online: bool = False
+
+
+@dataclass
+class Real:
+    """What really runs here for a written command, and why it differs."""
+
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)  # added to the environment (and shown)
+    unset: tuple[str, ...] = ()
+    why: list[str] = field(default_factory=list)
+
+    @property
+    def why_line(self) -> str:
+        return "; ".join(self.why)
+
+
+def _join_continuations(text: str) -> str:
+    """Drop backslash-newline (a shell line continuation) outside single quotes, like a shell does."""
+    out, quote, i = [], None, 0
+    while i < len(text):
+        ch = text[i]
+        if ch == "\\" and quote != "'" and text[i + 1 : i + 2] == "\n":
+            i += 2
+            continue
+        if ch == "\\" and quote != "'" and i + 1 < len(text):
+            out.append(text[i : i + 2])
+            i += 2
+            continue
+        if ch in "'\"" and quote in (None, ch):
+            quote = None if quote == ch else ch
+        elif ch == "\n" and quote is None:
+            if "".join(out).strip() and text[i + 1 :].strip():
+                raise ParameterError(
+                    "one command per %cmd / %%cmd cell: a new line outside quotes starts a second command "
+                    "(end the line with \\ to continue it)"
+                )
+        out.append(ch)
+        i += 1
+    return "".join(out)
+
+
+def split(text: str) -> list[str]:
+    """shlex (posix) words of a command that may span lines."""
+    try:
+        return shlex.split(_join_continuations(text), posix=True)
+    except ValueError as exc:  # unbalanced quotes
+        raise ParameterError(f"cannot parse the command ({exc}): {text.strip()[:200]}") from None
+
+
+def parse(text: str) -> Written:
+    """Options, env prefix and argv of a written command."""
+    words = split(text)
+    timeout, allow_fail, online = None, False, False
+    while words and words[0].startswith("--"):
+        opt = words.pop(0)
+        if opt == "--allow-fail":
+            allow_fail = True
+        elif opt == "--online":
+            online = True
+        elif opt == "--timeout" or opt.startswith("--timeout="):
+            value = opt.split("=", 1)[1] if "=" in opt else (words.pop(0) if words else "")
+            try:
+                timeout = float(value)
+                assert timeout > 0
+            except (ValueError, AssertionError):
+                raise ParameterError(f"--timeout {value!r}: expected a number of seconds > 0") from None
+        else:
+            raise ParameterError(f"unknown option {opt!r}; accepted before the command: --timeout S, --allow-fail, --online")
+    env: dict[str, str] = {}
+    while words and _ENV_ASSIGN.match(words[0]):
+        name, value = words.pop(0).split("=", 1)
+        env[name] = value
+    if not words:
+        raise ParameterError("no command given (e.g. `%cmd python --version`)")
+    return Written(_written_text(text), env, words, timeout, allow_fail, online)
+
+
+def _written_text(text: str) -> str:
+    """The text as written minus the leading nbtools options (kept verbatim otherwise)."""
+    rest = text.strip()
+    while True:
+        m = re.match(r"(--allow-fail|--online|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
+        if not m:
+            return rest
+        rest = rest[m.end():]
+
+
+def _quote(word: str) -> str:
+    """Shell quoting that keeps a ``python -c`` program readable: double quotes where they suffice."""
+    plain = shlex.quote(word)
+    if plain == word or any(c in word for c in '"\\$`'):
+        return plain
+    return f'"{word}"'
+
+
+def shown(argv: list[str], env: dict[str, str] | None = None) -> str:
+    """A command line as a learner would type it (env prefix included), programs kept readable."""
+    prefix = " ".join(f"{k}={_quote(v)}" for k, v in (env or {}).items())
+    return (prefix + " " if prefix else "") + " ".join(_quote(w) for w in argv)
+
+
+def executable(name: str) -> str:
+    """The program ``name`` of the kernel's own environment (beside sys.executable), else PATH."""
+    local = Path(sys.executable).with_name(name)
+    if local.exists():
+        return str(local)
+    found = shutil.which(name)
+    if not found:
+        raise CommandNotHere(f"`{name}` is not installed in this environment ({sys.executable}); `pip install {name}`")
+    return found
+
+
+def torch_npu_installed() -> bool:
+    return importlib.util.find_spec("torch_npu") is not None
+
+
+def _visible_rule(env: dict[str, str], info: DeviceInfo, real: Real) -> None:
+    """The NPU visible-devices variable of the quick-start means the same for CUDA; nothing on a CPU."""
+    if ASCEND_VAR not in env or info.kind == "npu":
+        return
+    value = env.pop(ASCEND_VAR)
+    if info.kind == "cuda":
+        env[CUDA_VAR] = value
+        real.why.append(f"CUDA here: {CUDA_VAR} selects the devices that {ASCEND_VAR} selects on an NPU")
+    else:
+        real.why.append(f"no NPU here: {ASCEND_VAR} has nothing to select on a CPU, so it is dropped")
+
+
+def resolve(written: Written, info: DeviceInfo) -> Real:
+    """The command that really runs here for ``written`` (``%cmd``), with the reasons."""
+    argv, env = list(written.argv), dict(written.env)
+    real = Real(argv)
+    prog = argv[0]
+    if prog in ("python", "python3"):
+        argv[0] = sys.executable
+        real.why.append("`python` is the kernel's own interpreter")
+        if argv[1:] == ["-c", CHECK_TORCH] and not torch_npu_installed():
+            argv[2] = CHECK_TORCH_WITHOUT_NPU
+            real.why.append("torch_npu is not installed here: the same program asks torch.cuda and prints "
+                            "`torch_npu= not installed`")
+    elif prog == "pip" or (prog == "uv" and argv[1:2] == ["pip"]):
+        rest = argv[2:] if prog == "uv" else argv[1:]
+        argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *rest]
+        real.why.append(f"`{'uv pip' if prog == 'uv' else 'pip'}` -> the kernel's own pip, so the package lands "
+                        "in the environment this notebook runs in")
+    elif prog == "accelerate":
+        argv[0] = executable("accelerate")
+        real.why.append("`accelerate` is the CLI of the kernel's own environment")
+    elif prog == "npu-smi" and shutil.which("npu-smi") is None:
+        raise CommandNotHere("`npu-smi` exists only on Ascend hosts (it comes with the NPU driver); "
+                             f"not found on this {info.kind.upper()} machine")
+    _visible_rule(env, info, real)
+    real.env = env
+    return real
+
+
+@dataclass
+class LaunchCall:
+    """A written ``accelerate launch`` split into what ``launcher.accelerate_launch`` takes."""
+
+    script: str
+    script_args: list[str]
+    num_processes: int
+    mixed_precision: str
+    extra_flags: list[str]
+    env: dict[str, str]  # written variables other than the visible-devices ones
+    written_visible: str | None
+
+
+def parse_launch(written: Written, default_processes: int = 1) -> LaunchCall:
+    """Split ``[ENV=..] accelerate launch [flags] script [args]`` (the quick-start's core command)."""
+    argv = written.argv
+    if argv[:2] != ["accelerate", "launch"]:
+        raise ParameterError(
+            "%launch runs `accelerate launch ...` (e.g. `%launch accelerate launch --num_processes 2 train_npu.py`); "
+            f"got `{shlex.join(argv[:2])}`: use %cmd for other commands"
+        )
+    words = argv[2:]
+    flags: dict[str, str | None] = {}
+    extra: list[str] = []
+    i = 0
+    while i < len(words) and words[i].startswith("-"):
+        word = words[i]
+        name, eq, value = word.partition("=")
+        if name in _LAUNCH_SWITCHES:
+            flags[name] = None
+            extra_part = [word]
+            i += 1
+        elif eq:
+            flags[name] = value
+            extra_part = [word]
+            i += 1
+        else:
+            if i + 1 >= len(words):
+                raise ParameterError(f"accelerate launch flag {name} needs a value")
+            flags[name] = words[i + 1]
+            extra_part = words[i : i + 2]
+            i += 2
+        if name not in _PLAN_FLAGS:
+            extra.extend(extra_part)
+    if i >= len(words):
+        raise ParameterError("accelerate launch needs a script to run (e.g. train_npu.py)")
+    n = flags.get("--num_processes")
+    try:
+        num_processes = int(n) if n is not None else default_processes
+    except ValueError:
+        raise ParameterError(f"--num_processes {n!r}: expected an integer >= 1") from None
+    env = dict(written.env)
+    visible = env.pop(ASCEND_VAR, None)
+    visible = env.pop(CUDA_VAR, visible)
+    return LaunchCall(words[i], words[i + 1 :], num_processes, flags.get("--mixed_precision") or "no", extra, env, visible)
+
+
+def launch_why(call: LaunchCall, plan: LaunchPlan, info: DeviceInfo) -> str:
+    """One line: why the real launch differs from the written one on this machine."""
+    n = plan.num_processes
+    if plan.fallback:
+        return (f"{n} processes asked but only {info.count} {info.kind.upper()} device(s) visible: CPU 代跑 "
+                f"(ACCELERATE_USE_CPU=1 + --multi_gpu, a real {n}-rank gloo group); hccl/nccl are not exercised")
+    if plan.device == "cpu":
+        if n == 1:
+            return "no NPU here: one process on the CPU (--cpu)"
+        return (f"no NPU here: on a CPU `accelerate launch --num_processes {n}` starts ONE process; "
+                f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group")
+    parts = []
+    if plan.device == "cuda":
+        parts.append(f"CUDA here: {CUDA_VAR} instead of {ASCEND_VAR}")
+    var = VISIBLE_VARS[plan.device]
+    if call.written_visible is not None and call.written_visible != plan.env.get(var):
+        parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
+    if n > 1:
+        parts.append("a free rendezvous port instead of 29500")
+    parts.append("Accelerate's defaults given explicitly, so no `accelerate config` file of yours changes the run")
+    return "; ".join(parts)

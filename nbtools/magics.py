@@ -1,0 +1,149 @@
+"""IPython magics that run a command exactly as a learner writes it: ``%cmd``, ``%%cmd NAME``, ``%launch``.
+
+``%load_ext nbtools`` registers them. Each prints ``$ <command as written>``, then, where this machine
+needs another command for the same meaning, ``# runs here as: <real>`` and ``# why: <one line>``
+(rules in commands.py), streams the output (launcher.run / accelerate_launch underneath: timeout,
+whole process tree stopped, error markers) and returns an ``nbtools.Result``.
+
+Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
+``--online`` (let Hugging Face reach the network). Without ``nbtools.setup`` the magics use device
+"auto", the kernel's cwd and a 600 s timeout.
+"""
+
+from __future__ import annotations
+
+import re
+
+from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+
+from . import commands, session
+from .device import detect
+from .errors import LaunchError, ParameterError
+from .launcher import Result, accelerate_launch, run
+
+DEFAULT_TIMEOUT_S = 600
+_FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
+_NAME = re.compile(r"^[A-Za-z_]\w*$")
+
+
+def _context():
+    """(device info, device parameter, timeout, timeout name) of the open session, else the defaults."""
+    s = session.current()
+    if s is not None:
+        return s.info, s.device_param, s.timeout_s, "timeout_s"
+    return detect(), "auto", DEFAULT_TIMEOUT_S, "the default timeout"
+
+
+def expand_fields(text: str, namespace: dict) -> str:
+    """Replace ``{name}`` / ``{name.attr}`` whose name exists in ``namespace``; leave every other brace
+    (f-strings and dicts of a ``python -c`` program) exactly as written."""
+
+    def sub(m: re.Match) -> str:
+        root, *attrs = m.group(1).split(".")
+        if root not in namespace:
+            return m.group(0)
+        value = namespace[root]
+        try:
+            for attr in attrs:
+                value = getattr(value, attr)
+        except AttributeError:
+            return m.group(0)
+        return str(value)
+
+    return _FIELD.sub(sub, text)
+
+
+def _finish(result: Result, written: commands.Written) -> Result:
+    result.written = written.text
+    return result
+
+
+def _failed(exc: LaunchError, written: commands.Written) -> Result:
+    """--allow-fail: hand back the failed run's Result (the failure is printed, not raised)."""
+    if exc.result is None or not written.allow_fail:
+        raise exc
+    print(f"[nbtools] --allow-fail: {str(exc).splitlines()[0]}")
+    return _finish(exc.result, written)
+
+
+def run_command(text: str) -> Result:
+    """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
+    written = commands.parse(text)
+    info, _, timeout, timeout_name = _context()
+    real = commands.resolve(written, info)
+    same = real.argv == written.argv and real.env == written.env
+    try:
+        result = run(
+            real.argv,
+            env=real.env,
+            timeout=written.timeout or timeout,
+            timeout_name="--timeout" if written.timeout else timeout_name,
+            check=not written.allow_fail,
+            offline=not written.online,
+            shown=written.text if same else commands.shown(real.argv, real.env),
+            written=None if same else written.text,
+            why=real.why_line,
+        )
+    except LaunchError as exc:
+        return _failed(exc, written)
+    return _finish(result, written)
+
+
+def run_launch(text: str) -> Result:
+    """``%launch``: a written ``accelerate launch`` run with this machine's launch plan."""
+    written = commands.parse(text)
+    info, device, timeout, timeout_name = _context()
+    s = session.current()
+    call = commands.parse_launch(written, default_processes=s.num_processes if s else 1)
+    plan = info.plan(call.num_processes, device)
+    try:
+        result = accelerate_launch(
+            call.script,
+            *call.script_args,
+            num_processes=call.num_processes,
+            mixed_precision=call.mixed_precision,
+            device=device,
+            timeout=written.timeout or timeout,
+            timeout_name="--timeout" if written.timeout else timeout_name,
+            env=call.env or None,
+            extra_flags=tuple(call.extra_flags),
+            check=not written.allow_fail,
+            offline=not written.online,
+            written=written.text,
+            why=commands.launch_why(call, plan, info),
+        )
+    except LaunchError as exc:
+        return _failed(exc, written)
+    return _finish(result, written)
+
+
+@magics_class
+class CommandMagics(Magics):
+    @line_cell_magic
+    def cmd(self, line: str, cell: str | None = None):
+        """Run a command as written: ``r = %cmd python --version``; ``%%cmd NAME`` + a command over lines."""
+        if cell is None:
+            return run_command(line)
+        words = line.split()
+        name = words.pop() if words and _NAME.match(words[-1]) and not words[-1].startswith("-") else None
+        options = " ".join(words)
+        if options and not options.startswith("--"):
+            raise ParameterError(f"%%cmd {line.strip()!r}: expected `%%cmd [--timeout S] [--allow-fail] [--online] NAME`")
+        body = expand_fields(cell, self.shell.user_ns)
+        result = run_command(f"{options} {body}" if options else body)
+        if name:
+            self.shell.user_ns[name] = result
+        return None
+
+    @line_magic
+    def launch(self, line: str):
+        """``r = %launch ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 ... train_npu.py``."""
+        return run_launch(line)
+
+
+def register(ip) -> None:
+    """Register the magics on an IPython shell and make ``nbtools`` importable by name in it."""
+    import nbtools
+
+    ip.register_magics(CommandMagics)
+    ip.user_ns.setdefault("nbtools", nbtools)

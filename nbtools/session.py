@@ -1,0 +1,129 @@
+"""The notebook session: parameters checked, device detected, work folder made, cwd moved there.
+
+``S = nbtools.setup(device=..., num_processes=..., timeout_s=..., work_dir=..., keep_work_dir=...)``
+at the top of a notebook, ``S.close()`` in its last code cell. Between the two the kernel's working
+directory is ``S.work``, so ``%%writefile train_npu.py`` and ``%launch ... accelerate launch ...
+train_npu.py`` read exactly as in the quick-start. The magics (magics.py) use the current session's
+device and timeout.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import params
+from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
+from .params import cleanup, unattended, validate
+
+_CURRENT: Session | None = None
+
+
+def current() -> Session | None:
+    """The open session of this kernel, if ``setup`` was called (and not closed)."""
+    return _CURRENT if _CURRENT is not None and not _CURRENT.closed else None
+
+
+@dataclass
+class Session:
+    info: DeviceInfo
+    plan: LaunchPlan
+    device: str  # the resolved kind of the single-device checks: npu / cuda / cpu
+    device_param: str  # the `device` parameter as given ('auto', ...): what launches are planned for
+    num_processes: int
+    timeout_s: float
+    work: Path
+    keep_work_dir: bool = False
+    origin: Path = field(default_factory=Path.cwd)  # the kernel's cwd before setup
+    closed: bool = False
+
+    @property
+    def visible(self) -> str:
+        """The quick-start-style device list for num_processes ("0,1" for 2), as the plan uses it."""
+        var = VISIBLE_VARS.get(self.plan.device)
+        if var and var in self.plan.env:
+            return self.plan.env[var]
+        return ",".join(str(i) for i in range(self.num_processes))
+
+    def platform_lines(self) -> list[str]:
+        info = self.info
+        names = f" ({', '.join(sorted(set(info.names)))})" if info.names else ""
+        if info.kind == "npu":
+            first = f"platform: NPU x{info.count}{names} -- the quick-start's own platform: every check runs for real"
+        elif info.kind == "cuda":
+            first = (f"platform: CUDA x{info.count}{names} -- NOT checked here: torch_npu, CANN, hccl "
+                     "(nccl takes hccl's place)")
+        else:
+            first = ("platform: CPU 代跑 -- no NPU/CUDA here; NOT checked: torch_npu, CANN, hccl, device memory "
+                     "(gloo takes hccl's place)")
+        v = info.versions
+        versions = "versions: " + ", ".join(
+            f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k)
+        )
+        lines = [first, versions]
+        lines += [f"PROBLEM: {p.what} -- fix: {p.fix}" for p in info.problems]
+        lines.append(f"launch plan: {self.plan.note}")
+        lines.append(f"work folder: {self.work} (cd there to rerun these commands in a terminal)")
+        return lines
+
+    def close(self) -> None:
+        """Back to the original cwd; remove the work folder if nbtools made it and it is not kept."""
+        global _CURRENT
+        if self.closed:
+            print(f"session already closed; cwd {Path.cwd()}")
+            return
+        self.closed = True
+        if _CURRENT is self:
+            _CURRENT = None
+        try:
+            os.chdir(self.origin)
+            back = f"cwd back to {self.origin}"
+        except OSError as exc:
+            back = f"cwd not restored ({exc})"
+        print(f"{cleanup(self.work, self.keep_work_dir)}; {back}")
+
+    def __repr__(self) -> str:
+        return (f"Session(device={self.device!r}, num_processes={self.num_processes}, plan={self.plan.device}/"
+                f"{self.plan.backend}, work={str(self.work)!r}{', closed' if self.closed else ''})")
+
+
+def setup(
+    device: str = "auto",
+    num_processes: int = 2,
+    timeout_s: float = 600,
+    work_dir: str = "",
+    keep_work_dir: bool = False,
+    *,
+    echo: bool = True,
+    info: DeviceInfo | None = None,
+) -> Session:
+    """Check the parameters, detect the device (child-process probe), make the work folder and cd there.
+
+    ``work_dir`` given: that folder (never removed if it existed). Empty: in interactive use a persistent
+    ``<cwd>/work/<notebook stem>``; unattended (papermill, ``nbtools run``, CI) a private temporary folder
+    removed by ``close()`` and at kernel exit.
+    """
+    global _CURRENT
+    origin = Path.cwd()
+    if _CURRENT is not None and not _CURRENT.closed:  # the setup cell run again: start from the same place
+        origin = _CURRENT.origin
+        _CURRENT.close()
+    info = validate(device=device, num_processes=num_processes, timeout_s=timeout_s, info=info)
+    plan = info.plan(num_processes, device)
+    work = _work_dir(work_dir, keep_work_dir, origin)
+    session = Session(info, plan, info.resolve(device), device, num_processes, timeout_s, work, keep_work_dir, origin)
+    os.chdir(work)
+    _CURRENT = session
+    if echo:
+        print("\n".join(session.platform_lines()))
+    return session
+
+
+def _work_dir(path: str, keep: bool, origin: Path) -> Path:
+    make = params.work_dir
+    if path:
+        return make(path, keep=keep)
+    if unattended():
+        return make("", keep=keep)
+    return make("", keep=keep, persistent=True, base=origin)

@@ -1,0 +1,284 @@
+"""The learner-facing API: %cmd / %%cmd / %launch in a real IPython shell with real processes,
+the rewrite rules of commands.py, and the session's work-folder rules."""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import nbtools
+from nbtools import commands, params, session
+from nbtools.commands import CHECK_TORCH, CHECK_TORCH_WITHOUT_NPU, CommandNotHere
+from nbtools.device import from_probe
+from nbtools.errors import LaunchError, ParameterError
+
+CPU = {"python": "3.12.1", "torch": "2.9.0"}
+NPU2 = {"python": "3.12.1", "torch": "2.9.0", "torch_npu": "2.9.0.post2", "cann": "9.1.0", "npu_available": True,
+        "npu_count": 2, "npu_names": ["Ascend910B4"] * 2}
+NPU1 = dict(NPU2, npu_count=1, npu_names=["Ascend910B4"])
+CUDA2 = {"python": "3.12.1", "torch": "2.9.0", "cuda_available": True, "cuda_count": 2, "cuda_names": ["H100"] * 2}
+
+
+def info(probe):
+    return from_probe(probe, environ={})
+
+
+# ---------------------------------------------------------------- parsing and rules (no processes)
+
+
+def test_parse_options_env_prefix_and_argv():
+    w = commands.parse("--timeout 30 --allow-fail --online ASCEND_RT_VISIBLE_DEVICES=0,1 A=b accelerate env")
+    assert (w.timeout, w.allow_fail, w.online) == (30.0, True, True)
+    assert w.env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1", "A": "b"}
+    assert w.argv == ["accelerate", "env"]
+    assert w.text == "ASCEND_RT_VISIBLE_DEVICES=0,1 A=b accelerate env"
+
+
+def test_parse_a_command_over_lines():
+    body = 'python -c "\nimport sys\nprint(\'a\')\n" \\\n  --flag\n'
+    w = commands.parse(body)
+    assert w.argv == ["python", "-c", "\nimport sys\nprint('a')\n", "--flag"]
+    with pytest.raises(ParameterError, match="one command per"):
+        commands.parse("python --version\npython --version")
+    with pytest.raises(ParameterError, match="cannot parse"):
+        commands.parse('python -c "unclosed')
+    with pytest.raises(ParameterError, match="unknown option"):
+        commands.parse("--quiet python --version")
+
+
+def test_rules_python_pip_uv_accelerate():
+    r = commands.resolve(commands.parse("python --version"), info(CPU))
+    assert r.argv == [sys.executable, "--version"] and "kernel's own interpreter" in r.why_line
+    for written in ("pip install -U accelerate", "uv pip install -U accelerate"):
+        r = commands.resolve(commands.parse(written), info(CPU))
+        assert r.argv == [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-U", "accelerate"]
+    r = commands.resolve(commands.parse("accelerate env"), info(CPU))
+    assert Path(r.argv[0]).name == "accelerate" and r.argv[1:] == ["env"]
+    r = commands.resolve(commands.parse("git --version"), info(CPU))
+    assert r.argv == ["git", "--version"] and not r.why
+
+
+def test_visible_devices_variable_per_platform():
+    w = "ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate env"
+    assert commands.resolve(commands.parse(w), info(NPU2)).env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+    cuda = commands.resolve(commands.parse(w), info(CUDA2))
+    assert cuda.env == {"CUDA_VISIBLE_DEVICES": "0,1"} and "CUDA_VISIBLE_DEVICES" in cuda.why_line
+    cpu = commands.resolve(commands.parse(w), info(CPU))
+    assert cpu.env == {} and "dropped" in cpu.why_line
+
+
+def test_npu_smi_absent_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(commands.shutil, "which", lambda name: None)
+    with pytest.raises(CommandNotHere, match="only on Ascend hosts"):
+        commands.resolve(commands.parse("npu-smi info"), info(CPU))
+    assert issubclass(CommandNotHere, nbtools.NbtoolsError)
+
+
+def test_check_torch_rewrite_only_for_that_program_and_only_without_torch_npu(monkeypatch):
+    written = commands.parse(f'python -c "{CHECK_TORCH}"')
+    monkeypatch.setattr(commands, "torch_npu_installed", lambda: False)
+    r = commands.resolve(written, info(CPU))
+    assert r.argv == [sys.executable, "-c", CHECK_TORCH_WITHOUT_NPU] and "torch_npu is not installed" in r.why_line
+    other = commands.parse('python -c "import torch, torch_npu; print(torch.npu.is_available())"')
+    assert commands.resolve(other, info(CPU)).argv[2] == other.argv[2]  # no general rewriter
+    monkeypatch.setattr(commands, "torch_npu_installed", lambda: True)
+    assert commands.resolve(written, info(NPU2)).argv == [sys.executable, "-c", CHECK_TORCH]  # verbatim on NPU
+
+
+def test_the_rewritten_check_torch_is_the_same_program_asking_cuda():
+    assert CHECK_TORCH_WITHOUT_NPU == (
+        CHECK_TORCH.replace("import torch, torch_npu", "import torch")
+        .replace("torch_npu.__version__", "'not installed'")
+        .replace("torch.npu.", "torch.cuda.")
+    )
+
+
+def test_parse_launch_splits_flags_script_and_args():
+    w = commands.parse(
+        "ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL_CONNECT_TIMEOUT=600 accelerate launch --num_processes 3 "
+        "--mixed_precision=bf16 --multi_gpu --gradient_accumulation_steps 2 --debug train_npu.py --steps 5"
+    )
+    call = commands.parse_launch(w)
+    assert (call.script, call.script_args) == ("train_npu.py", ["--steps", "5"])
+    assert (call.num_processes, call.mixed_precision) == (3, "bf16")
+    assert call.extra_flags == ["--gradient_accumulation_steps", "2", "--debug"]
+    assert call.env == {"HCCL_CONNECT_TIMEOUT": "600"} and call.written_visible == "0,1"
+    assert commands.parse_launch(commands.parse("accelerate launch t.py"), default_processes=2).num_processes == 2
+    with pytest.raises(ParameterError, match="use %cmd"):
+        commands.parse_launch(commands.parse("python t.py"))
+    with pytest.raises(ParameterError, match="needs a script"):
+        commands.parse_launch(commands.parse("accelerate launch --num_processes 2"))
+
+
+def test_launch_why_names_the_reason_of_each_machine():
+    call = commands.parse_launch(commands.parse("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py"))
+    cpu = commands.launch_why(call, info(CPU).plan(2), info(CPU))
+    assert "starts ONE process" in cpu and "ACCELERATE_USE_CPU=1 + --multi_gpu" in cpu
+    fallback = commands.launch_why(call, info(NPU1).plan(2), info(NPU1))
+    assert "CPU 代跑" in fallback and "only 1 NPU" in fallback
+    npu = commands.launch_why(call, info(NPU2).plan(2), info(NPU2))
+    assert "free rendezvous port instead of 29500" in npu and "defaults given explicitly" in npu
+    assert "CUDA_VISIBLE_DEVICES" in commands.launch_why(call, info(CUDA2).plan(2), info(CUDA2))
+
+
+def test_shown_keeps_a_program_readable():
+    assert commands.shown(["python", "-c", "print('a b')"], {"A": "1"}) == "A=1 python -c \"print('a b')\""
+
+
+# ---------------------------------------------------------------- the magics with real processes
+
+
+@pytest.fixture(scope="module")
+def ip():
+    from IPython.testing.globalipapp import start_ipython
+
+    shell = start_ipython()
+    shell.run_line_magic("load_ext", "nbtools")
+    return shell
+
+
+def run_cell(ip, source):
+    result = ip.run_cell(source, store_history=False)
+    return result.error_in_exec
+
+
+def test_cmd_line_form_returns_a_result(ip, capsys):
+    assert run_cell(ip, "r_py = %cmd python --version") is None
+    r = ip.user_ns["r_py"]
+    v = sys.version_info
+    assert r.output.strip() == f"Python {v.major}.{v.minor}.{v.micro}" and r.returncode == 0
+    assert r.written == "python --version" and r.command.startswith(sys.executable)
+    out = capsys.readouterr().out
+    assert out.startswith("$ python --version\n# runs here as: ") and "# why: `python`" in out
+    assert ip.user_ns["nbtools"] is nbtools  # %load_ext makes nbtools usable by name
+
+
+def test_cmd_cell_form_runs_a_multi_line_python_c(ip):
+    ip.user_ns["num_processes"] = 3
+    source = textwrap.dedent(
+        '''\
+        %%cmd r_multi
+        python -c "
+        import sys
+        d = {'k': 1}
+        print(f'args={len(sys.argv)} d={len(d)}')
+        print('n={num_processes}')
+        " \\
+          one-arg
+        '''
+    )
+    assert run_cell(ip, source) is None
+    r = ip.user_ns["r_multi"]
+    assert r.kv == {"args": "2", "d": "1", "n": "3"}, r.output  # f-string braces kept, {num_processes} expanded
+
+
+def test_a_failing_command_raises_and_allow_fail_returns(ip):
+    err = run_cell(ip, "r_bad = %cmd python -c \"import sys; print('partial'); sys.exit(3)\"")
+    assert isinstance(err, LaunchError) and "exit code 3" in str(err) and "partial" in str(err)
+    assert err.result.written.startswith("python -c")
+    err = run_cell(ip, "r_marker = %cmd python -c \"print('[ERROR] device lost')\"")
+    assert isinstance(err, LaunchError) and "error marker" in str(err)
+    assert run_cell(ip, "r_ok = %cmd --allow-fail python -c \"import sys; sys.exit(4)\"") is None
+    assert ip.user_ns["r_ok"].returncode == 4
+    err = run_cell(ip, "r_slow = %cmd --timeout 2 python -c \"import time; time.sleep(60)\"")
+    assert isinstance(err, nbtools.LaunchTimeout)
+
+
+def test_check_torch_as_written_runs_here(ip):
+    ip.user_ns["CHECK"] = CHECK_TORCH
+    assert run_cell(ip, 'r_torch = %cmd python -c "{CHECK}"') is None
+    kv = ip.user_ns["r_torch"].kv
+    assert nbtools.same_version(kv["torch"], nbtools.installed("torch"))
+    want = nbtools.installed("torch-npu") or "not installed"
+    assert kv["torch_npu"] == want or nbtools.same_version(kv["torch_npu"], want)
+    assert kv["is_available"] in ("True", "False") and kv["count"].isdigit()
+
+
+def test_written_cpu_launch_starts_num_processes_ranks(ip, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train_npu.py").write_text(
+        "from accelerate import Accelerator\n"
+        "acc = Accelerator()\n"
+        "acc.print(f'world={acc.num_processes} type={acc.distributed_type.name} backend={acc.state.backend}')\n"
+        "acc.end_training()\n"
+    )
+    ip.user_ns["num_processes"] = 3
+    line = "r_l = %launch ASCEND_RT_VISIBLE_DEVICES=0,1,2 accelerate launch --num_processes {num_processes} train_npu.py"
+    if nbtools.detect().kind != "cpu":
+        pytest.skip("checks the CPU route (ACCELERATE_USE_CPU=1 + --multi_gpu)")
+    assert run_cell(ip, line) is None
+    r = ip.user_ns["r_l"]
+    assert r.kv == {"world": "3", "type": "MULTI_CPU", "backend": "gloo"}, r.output
+    assert r.plan.num_processes == 3 and r.plan.backend == "gloo"
+    assert r.written.endswith("--num_processes 3 train_npu.py")
+    assert "ACCELERATE_USE_CPU=1" in r.command and "--multi_gpu" in r.command
+
+
+# ---------------------------------------------------------------- session and work folders
+
+
+def test_unattended_detection():
+    assert params.unattended({"NBTOOLS_UNATTENDED": "1"})
+    assert params.unattended({"CI": "true"})
+    assert params.notebook_stem({"JPY_SESSION_NAME": "/home/u/notebooks/00_environment.ipynb"}) == "00_environment"
+    assert params.notebook_stem({}) == "notebook"
+
+
+def test_setup_interactive_makes_a_persistent_folder_and_chdirs(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(session, "unattended", lambda: False)
+    monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "00_environment.ipynb"))
+    S = nbtools.setup(num_processes=3, info=info(CPU))
+    assert S.work == tmp_path / "work" / "00_environment" and Path.cwd() == S.work
+    assert (S.plan.num_processes, S.device, S.visible) == (3, "cpu", "0,1,2")
+    out = capsys.readouterr().out
+    assert "CPU 代跑" in out and f"work folder: {S.work}" in out and len(out.splitlines()) <= 6
+    (S.work / "train_npu.py").write_text("x")
+    S.close()
+    assert Path.cwd() == tmp_path and (S.work / "train_npu.py").exists()
+    assert "kept" in capsys.readouterr().out
+    S2 = nbtools.setup(info=info(CPU), echo=False)  # the same folder again: the learner's files stay
+    assert S2.work == S.work and (S2.work / "train_npu.py").exists()
+    nbtools.setup(info=info(CPU), echo=False)  # setup cell run twice: starts from the original cwd again
+    assert session.current().origin == tmp_path
+    session.current().close()
+    assert Path.cwd() == tmp_path
+
+
+def test_setup_unattended_uses_a_temp_folder_removed_by_close(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(session, "unattended", lambda: True)
+    S = nbtools.setup(info=info(CPU), echo=False)
+    assert Path.cwd() == S.work and not S.work.is_relative_to(tmp_path) and S.work.exists()
+    S.close()
+    assert not S.work.exists() and Path.cwd() == tmp_path and session.current() is None
+
+
+def test_setup_with_an_existing_work_dir_never_removes_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the learner's file")
+    S = nbtools.setup(work_dir=str(mine), info=info(CPU), echo=False)
+    assert S.work == mine
+    S.close()
+    assert (mine / "notes.txt").exists()
+    S = nbtools.setup(work_dir=str(tmp_path / "new"), keep_work_dir=False, info=info(CPU), echo=False)
+    S.close()
+    assert not (tmp_path / "new").exists()  # made by nbtools, not kept: removed
+    S = nbtools.setup(work_dir=str(tmp_path / "kept"), keep_work_dir=True, info=info(CPU), echo=False)
+    S.close()
+    assert (tmp_path / "kept").exists()
+
+
+def test_setup_rejects_bad_parameters(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ParameterError, match="num_processes"):
+        nbtools.setup(num_processes=0, info=info(CPU))
+    with pytest.raises(ParameterError, match="device"):
+        nbtools.setup(device="tpu", info=info(CPU))
+    assert Path.cwd() == tmp_path and os.getcwd() == str(tmp_path)
