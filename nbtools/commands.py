@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .bigmodel import dispatch_rule
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .errors import NbtoolsError, ParameterError
 
@@ -192,8 +193,11 @@ def _visible_rule(env: dict[str, str], info: DeviceInfo, real: Real) -> None:
         real.why.append(f"no NPU here: {ASCEND_VAR} has nothing to select on a CPU, so it is dropped")
 
 
-def resolve(written: Written, info: DeviceInfo) -> Real:
-    """The command that really runs here for ``written`` (``%cmd``), with the reasons."""
+def resolve(written: Written, info: DeviceInfo, device: str = "auto") -> Real:
+    """The command that really runs here for ``written`` (``%cmd``), with the reasons.
+
+    ``device`` is the notebook's device parameter: the quick-start's dispatch program is adapted to it.
+    """
     argv, env = list(written.argv), dict(written.env)
     real = Real(argv)
     prog = argv[0]
@@ -204,6 +208,11 @@ def resolve(written: Written, info: DeviceInfo) -> Real:
             argv[2] = CHECK_TORCH_WITHOUT_NPU
             real.why.append("torch_npu is not installed here: the same program asks torch.cuda and prints "
                             "`torch_npu= not installed`")
+        kind = info.resolve(device)
+        adapted = dispatch_rule(argv, kind, info.count if kind != "cpu" else 0)
+        if adapted:
+            argv[:] = adapted[0]
+            real.why.append(adapted[1])
     elif prog == "pip" or (prog == "uv" and argv[1:2] == ["pip"]):
         rest = argv[2:] if prog == "uv" else argv[1:]
         argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *rest]

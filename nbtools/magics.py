@@ -69,8 +69,8 @@ def _failed(exc: LaunchError, written: commands.Written) -> Result:
 def run_command(text: str) -> Result:
     """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
     written = commands.parse(text)
-    info, _, timeout, timeout_name = _context()
-    real = commands.resolve(written, info)
+    info, device, timeout, timeout_name = _context()
+    real = commands.resolve(written, info, device)
     same = real.argv == written.argv and real.env == written.env
     try:
         result = run(
