@@ -1,0 +1,221 @@
+"""Big-model inference (notebooks 03 and 03b): the quick-start's split, adapted to this machine.
+
+- ``program_config``: the ``LlamaConfig(...)`` keywords of a ``python -c`` program, so a check can
+  derive what to expect from the config the program really used.
+- ``llama_param_count``: parameters of ``LlamaForCausalLM`` from its config alone.
+- ``split_targets`` / ``seed_device_map``: the quick-start's "first half / second half" map on the
+  devices of this machine (two accelerators; one accelerator + CPU RAM; CPU RAM + disk).
+- ``adapt_dispatch``: the quick-start's dispatch program with that map (what really runs here, and why).
+- ``weights_shown_on``: where Accelerate leaves a module's weights for a device_map entry.
+
+Importing this module never imports torch.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import shlex
+from collections.abc import Mapping
+
+from .errors import NbtoolsError
+
+# The quick-start's devices in its dispatch program, and the half each one holds.
+SEED_FIRST, SEED_SECOND = "npu:0", "npu:1"
+OFFLOAD_FOLDER = "offload"  # relative to the work folder, where the program runs
+
+
+def _program(text: str) -> str:
+    """The Python source of ``python -c "..."`` (or the text itself when it is plain Python)."""
+    try:
+        words = shlex.split(text)
+    except ValueError:
+        words = []
+    if "-c" in words and words.index("-c") + 1 < len(words):
+        return words[words.index("-c") + 1]
+    return text
+
+
+def program_config(text: str, name: str = "LlamaConfig") -> dict:
+    """Keyword arguments of the first ``LlamaConfig(...)`` call in a program (literals only)."""
+    tree = ast.parse(_program(text))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == name:
+            return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
+    raise NbtoolsError(f"no {name}(...) call in the program")
+
+
+def llama_param_count(
+    vocab_size: int = 32000,
+    hidden_size: int = 4096,
+    intermediate_size: int = 11008,
+    num_hidden_layers: int = 32,
+    num_attention_heads: int = 32,
+    num_key_value_heads: int | None = None,
+    head_dim: int | None = None,
+    tie_word_embeddings: bool = False,
+    attention_bias: bool = False,
+    mlp_bias: bool = False,
+    **_unused,
+) -> int:
+    """Parameters of ``LlamaForCausalLM`` (defaults: transformers' LlamaConfig defaults).
+
+    embeddings V*H + layers * (q,k,v,o projections + gate,up,down + two RMSNorms) + final norm H
+    + lm_head V*H (unless tied to the embeddings).
+    """
+    V, H, I, L = vocab_size, hidden_size, intermediate_size, num_hidden_layers
+    head_dim = head_dim or H // num_attention_heads
+    q = num_attention_heads * head_dim
+    kv = (num_key_value_heads or num_attention_heads) * head_dim
+    attention = H * q + 2 * H * kv + q * H + (q + 2 * kv + H if attention_bias else 0)
+    mlp = 3 * H * I + (2 * I + H if mlp_bias else 0)
+    return V * H + L * (attention + mlp + 2 * H) + H + (0 if tie_word_embeddings else V * H)
+
+
+def split_targets(kind: str, count: int) -> tuple[str, str, str]:
+    """(first half, second half, why) of the quick-start's split for ``count`` devices of ``kind``."""
+    if kind in ("npu", "cuda") and count >= 2:
+        why = "" if kind == "npu" else "CUDA here: npu:N -> cuda:N"
+        return f"{kind}:0", f"{kind}:1", why
+    if kind in ("npu", "cuda") and count == 1:
+        return f"{kind}:0", "cpu", (
+            f"one {kind.upper()} device visible: npu:1 -> cpu (the second half is offloaded to CPU RAM and "
+            f"moved onto {kind}:0 layer by layer during forward)"
+        )
+    return "cpu", "disk", (
+        "no NPU here: npu:0 -> cpu (first half in CPU RAM), npu:1 -> disk (second half offloaded to "
+        f"'{OFFLOAD_FOLDER}/' in the work folder, read back during forward), so the split still has two places"
+    )
+
+
+def seed_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:
+    """The quick-start's map: embeddings + first half of the layers -> first; the rest -> second."""
+    half = num_layers // 2
+    device_map = {"model.embed_tokens": first}
+    device_map.update({f"model.layers.{i}": first for i in range(half)})
+    device_map.update({f"model.layers.{i}": second for i in range(half, num_layers)})
+    device_map.update({"model.norm": second, "lm_head": second})
+    return device_map
+
+
+def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
+    """The quick-start's dispatch program for this machine: (program, why); why is "" when unchanged."""
+    first, second, why = split_targets(kind, count)
+    if not why:
+        return program, ""
+    quoted = re.findall(r"""(['"])(npu:[01])\1""", program)
+    if {d for _, d in quoted} != {SEED_FIRST, SEED_SECOND}:
+        raise NbtoolsError("the program does not name both 'npu:0' and 'npu:1' as quoted device strings")
+    real = re.sub(r"""(['"])npu:0\1""", lambda m: f"{m[1]}{first}{m[1]}", program)
+    real = re.sub(r"""(['"])npu:1\1""", lambda m: f"{m[1]}{second}{m[1]}", real)
+    if second == "disk":
+        real, n = re.subn(r"device_map=device_map,", f"device_map=device_map, offload_folder='{OFFLOAD_FOLDER}',", real)
+        if n != 1:
+            raise NbtoolsError("cannot add offload_folder: expected one `device_map=device_map,` argument")
+    return real, why
+
+
+def is_seed_dispatch(program: str) -> bool:
+    """Is this the quick-start's dispatch program (a load_checkpoint_and_dispatch over 'npu:0' and 'npu:1')?"""
+    devices = {d for _, d in re.findall(r"""(['"])(npu:[01])\1""", program)}
+    return "load_checkpoint_and_dispatch(" in program and devices == {SEED_FIRST, SEED_SECOND}
+
+
+def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], str] | None:
+    """For ``%cmd``: ``python -c <the quick-start's dispatch program>`` on this machine -> (argv, why).
+
+    None when ``argv`` is not that program or when it runs unchanged here (two NPUs).
+    """
+    if len(argv) != 3 or argv[1] != "-c" or not is_seed_dispatch(argv[2]):
+        return None
+    program, why = adapt_dispatch(argv[2], kind, count)
+    return ([argv[0], "-c", program], why) if why else None
+
+
+def weights_shown_on(target: str, device_map: Mapping[str, object]) -> str:
+    """The device a module's weights show after dispatch, for its device_map entry ``target``.
+
+    Offloaded weights (to ``disk``, or to ``cpu`` when the main device is an accelerator) stay on
+    ``meta`` as placeholders; the hooks load them onto the execution device during forward.
+    """
+    main_is_accelerator = any(str(d) not in ("cpu", "disk") for d in device_map.values())
+    target = str(target)
+    if target == "disk" or (target == "cpu" and main_is_accelerator):
+        return "meta"
+    return target
+
+
+def program_device_map(text: str) -> dict:
+    """The device_map a dispatch program builds: its ``device_map = ...`` / ``device_map.update(...)`` lines, run alone."""
+    lines = [ln.strip() for ln in _program(text).splitlines() if re.match(r"\s*device_map(\s*=\s*\{|\.update\()", ln)]
+    if not lines:
+        raise NbtoolsError("no `device_map = ...` lines in the program")
+    namespace: dict = {}
+    exec("\n".join(lines), {"__builtins__": {"range": range}}, namespace)  # literals and range() only
+    return namespace["device_map"]
+
+
+DEVICE_COLORS = {"cpu": "#fde2b8", "disk": "#d9d9d9", "meta": "#ffffff"}
+ACCEL_COLORS = ("#cfe0f5", "#d9ead3", "#ead1dc", "#d0e0e3")
+EDGE = "#33415c"
+
+
+def _color(device: str) -> str:
+    if device in DEVICE_COLORS:
+        return DEVICE_COLORS[device]
+    index = int(device.rsplit(":", 1)[-1]) if device.rsplit(":", 1)[-1].isdigit() else 0
+    return ACCEL_COLORS[index % len(ACCEL_COLORS)]
+
+
+def _short(name: str) -> str:
+    return {"model.embed_tokens": "emb", "model.norm": "norm", "lm_head": "head", "model.rotary_emb": "rope"}.get(
+        name, name.rsplit(".", 1)[-1]
+    )
+
+
+def draw_device_map(device_map: Mapping[str, object], title: str = ""):
+    """One row of cells, a module each (in model order), coloured by the device the map sends it to."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch, Rectangle
+
+    names = list(device_map)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.42 * len(names)), 1.9))
+    for j, name in enumerate(names):
+        dev = str(device_map[name])
+        ax.add_patch(Rectangle((j, 0), 0.92, 1, facecolor=_color(dev), edgecolor=EDGE))
+        ax.text(j + 0.46, 0.5, _short(name), ha="center", va="center", fontsize=7)
+    ax.set_xlim(-0.2, len(names) + 0.2)
+    ax.set_ylim(-0.1, 1.1)
+    ax.axis("off")
+    devices = list(dict.fromkeys(str(d) for d in device_map.values()))
+    ax.legend(handles=[Patch(facecolor=_color(d), edgecolor=EDGE, label=d) for d in devices],
+              loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=len(devices), frameon=False, fontsize=8)
+    ax.set_title(title or "device_map: module -> device", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: Mapping[str, int] | None = None,
+                 title: str = ""):
+    """Bars: bytes placed on each device; a line at each device's budget (and at budget - reserve where given)."""
+    import matplotlib.pyplot as plt
+
+    reserve = reserve or {}
+    devices = list(dict.fromkeys([*map(str, budgets), *map(str, used)]))
+    fig, ax = plt.subplots(figsize=(6.4, 3.4))
+    for j, dev in enumerate(devices):
+        mb = used.get(dev, 0) / 1e6
+        ax.bar(j, mb, width=0.6, color=_color(dev if not dev.isdigit() else f"x:{dev}"), edgecolor=EDGE)
+        ax.text(j, mb, f"{mb:.0f} MB", ha="center", va="bottom", fontsize=8)
+        if dev in budgets:
+            ax.hlines(budgets[dev] / 1e6, j - 0.4, j + 0.4, colors="#c00000", linewidth=2,
+                      label="max_memory budget" if j == 0 else None)
+        if dev in reserve and dev in budgets:
+            ax.hlines((budgets[dev] - reserve[dev]) / 1e6, j - 0.4, j + 0.4, colors="#c00000", linestyles="dashed",
+                      linewidth=1.2, label="budget - largest layer (kept free)" if dev == next(iter(reserve)) else None)
+    ax.set_xticks(range(len(devices)), [f"device {d}" if d.isdigit() else d for d in devices])
+    ax.set_ylabel("MB placed")
+    ax.legend(fontsize=8, loc="upper right")
+    ax.set_title(title or "infer_auto_device_map: bytes per device against max_memory", fontsize=10)
+    fig.tight_layout()
+    return fig
