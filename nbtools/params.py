@@ -22,8 +22,13 @@ def validate(
     mixed_precision: str | None = None,
     timeout_s: float | None = None,
     info: DeviceInfo | None = None,
+    require_healthy: bool = True,
 ) -> DeviceInfo:
-    """Raise ParameterError naming the parameter and the accepted values; return the device info."""
+    """Raise ParameterError naming the parameter and the accepted values; return the device info.
+
+    A broken setup (e.g. torch_npu without CANN) raises DeviceError with the fix, unless
+    ``require_healthy`` is False (a notebook that explains the fix must still run).
+    """
     if device not in ("auto", *KINDS):
         raise ParameterError(f"parameter device={device!r} is not known; accepted: 'auto', 'npu', 'cuda', 'cpu'")
     if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
@@ -32,7 +37,7 @@ def validate(
         raise ParameterError(f"parameter timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
     info = info or detect()
     blocking = [p for p in info.problems if p.blocking]
-    if blocking:
+    if blocking and require_healthy:
         raise DeviceError(
             "the setup is broken: " + "; ".join(f"{p.what}\n  fix: {p.fix}" for p in blocking)
             + "\n(`python -m nbtools doctor` checks the whole setup)"

@@ -97,19 +97,25 @@ def setup(
     *,
     echo: bool = True,
     info: DeviceInfo | None = None,
+    allow_broken: bool = False,
 ) -> Session:
     """Check the parameters, detect the device (child-process probe), make the work folder and cd there.
 
     ``work_dir`` given: that folder (never removed if it existed). Empty: in interactive use a persistent
     ``<cwd>/work/<notebook stem>``; unattended (papermill, ``nbtools run``, CI) a private temporary folder
     removed by ``close()`` and at kernel exit.
+
+    A broken setup (torch_npu without CANN, ...) stops here with the fix, unless ``allow_broken``:
+    the orientation notebook, which teaches that fix, runs anyway and prints the problem.
     """
     global _CURRENT
     origin = Path.cwd()
     if _CURRENT is not None and not _CURRENT.closed:  # the setup cell run again: start from the same place
         origin = _CURRENT.origin
         _CURRENT.close()
-    info = validate(device=device, num_processes=num_processes, timeout_s=timeout_s, info=info)
+    info = validate(
+        device=device, num_processes=num_processes, timeout_s=timeout_s, info=info, require_healthy=not allow_broken
+    )
     plan = info.plan(num_processes, device)
     work = _work_dir(work_dir, keep_work_dir, origin)
     session = Session(info, plan, info.resolve(device), device, num_processes, timeout_s, work, keep_work_dir, origin)

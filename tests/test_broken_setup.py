@@ -10,7 +10,9 @@ import subprocess
 import sys
 from importlib import metadata
 
+import nbformat
 import pytest
+from packaging.version import Version
 from conftest import NOTEBOOKS
 
 from nbtools.checks import SEED_CHECKS
@@ -18,16 +20,18 @@ from nbtools.checks import SEED_CHECKS
 
 @pytest.fixture(scope="module")
 def broken_env(tmp_path_factory):
-    torch_version = metadata.version("torch").split("+")[0]
+    # The newest torch-npu for this torch's major.minor (torch 2.14.1 has torch-npu 2.14.0, not 2.14.1).
+    major, minor = Version(metadata.version("torch")).release[:2]
+    wanted = f"torch-npu>={major}.{minor},<{major}.{minor + 1}"
     site = tmp_path_factory.mktemp("npusite")
     proc = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), f"torch-npu=={torch_version}"],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), wanted],
         capture_output=True,
         text=True,
         timeout=600,
     )
     if proc.returncode != 0:
-        pytest.skip(f"torch-npu=={torch_version} could not be installed from the package index: {proc.stderr[-300:]}")
+        pytest.skip(f"{wanted} could not be installed from the package index: {proc.stderr[-300:]}")
     env = dict(os.environ, PYTHONPATH=str(site))
     env.pop("NBTOOLS_DEVICE_PROBE", None)
     check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
@@ -61,7 +65,15 @@ def test_run_stops_at_the_first_cell_and_marks_the_rest_not_run(broken_env, tmp_
     )
     assert proc.returncode == 1, proc.stdout
     report = json.loads((out / "report.json").read_text())
-    first, *rest = report["notebooks"]
+    notebooks = report["notebooks"]
+    # The orientation notebook teaches the fix, so it runs anyway and shows the problem...
+    orient = notebooks[0]
+    assert orient["path"] == "00_ascend_jupyterlab.ipynb" and orient["status"] == "passed", orient
+    shown = nbformat.read(out / orient["path"], as_version=4)
+    texts = "".join(o.get("text", "") for c in shown.cells for o in c.get("outputs", []))
+    assert "PROBLEM: torch_npu is installed but cannot load" in texts and "set_env.sh" in texts
+    # ...and the first notebook that needs torch stops the run, naming the fix.
+    first, *rest = notebooks[1:]
     assert first["path"] == "00_environment.ipynb" and first["status"] == "failed"
     assert "DeviceError" in first["error"] and "set_env.sh" in first["error"]
     assert rest and all(n["status"] == "not-run" and "set_env.sh" in n["error"] for n in rest)
