@@ -1,0 +1,305 @@
+"""Benchmark: the quick-start's commands run bare beside the notebooks that hold its checks.
+
+    python bench/bench.py [--output DIR] [--repeat N] [--skip-series] [--skip-memory]
+
+Run from the repository root, outside CI (a full run takes a few minutes). One run measures:
+
+1. bare: the quick-start's own commands, read from the notebooks themselves (their `%%writefile`,
+   `%cmd`, `%%cmd` and `%launch` cells, in order, with the parameters' defaults), run through the
+   same nbtools rules the notebooks use (commands.py, launcher.py) in a plain Python process: no
+   kernel, no checks. There is one copy of those commands: the notebooks.
+2. series: `python -m nbtools run` on the same notebooks (kernel, checks, reports).
+3. both side by side per notebook, with the ratio series / bare (target: at most 1.0x);
+4. launch overhead: `python -m nbtools launch` against a plain `accelerate launch` of the same
+   script with the same flags (target: at most 0.3 s more);
+5. memory: the quick-start's Llama as an `init_empty_weights` skeleton (target: under 1 MB of
+   tensors) and the peak RAM growth of `load_checkpoint_and_dispatch` against the checkpoint size;
+6. the slowest cells of the executed notebooks.
+
+Everything lands in DIR/bench-results.json; the figures are printed side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import io
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+import nbtools
+from nbtools import commands, magics
+from nbtools.checks import SEED_CHECKS, check_ids
+from nbtools.launcher import free_port
+from nbtools.runner import SERIES_GLOB, declared_parameters
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = ROOT / "notebooks"
+TARGETS = {"series_vs_bare": 1.0, "launch_overhead_s": 0.3, "skeleton_bytes": 1e6}
+_LINE_MAGIC = re.compile(r"^(?:[A-Za-z_]\w*\s*=\s*)?%(cmd|launch)\s+(.*)$")
+
+
+# ---------------------------------------------------------------- 1. the quick-start's commands, bare
+def seed_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
+    """The notebooks holding at least one of the quick-start's 12 checks, in series order."""
+    found = []
+    for path in sorted(folder.glob(SERIES_GLOB)):
+        nb = nbformat.read(path, as_version=4)
+        if any(cid in SEED_CHECKS for c in nb.cells for cid in check_ids(c.get("metadata", {}).get("tags"))):
+            found.append(path)
+    return found
+
+
+def steps(nb) -> list[tuple[str, str, str]]:
+    """(kind, argument, body) of the notebook's command cells, in order: write / cmd / launch.
+
+    Only top-level magic lines count: a command inside an `if` (e.g. the source install, run only
+    when `accelerate_ref` is set) is not one of the default path's commands.
+    """
+    out = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        src = cell.source
+        head, _, body = src.partition("\n")
+        if head.startswith("%%writefile"):
+            out.append(("write", head.split(None, 1)[1].strip().strip("\"'"), body))
+        elif head.startswith("%%cmd"):
+            options = " ".join(w for w in head.split()[1:] if w.startswith("--"))
+            out.append(("cmd", options, body))
+        else:
+            for line in src.splitlines():
+                m = _LINE_MAGIC.match(line)
+                if m:
+                    out.append((m.group(1), "", m.group(2)))
+    return out
+
+
+def defaults(nb) -> dict:
+    values = {}
+    for name, source in declared_parameters(nb).items():
+        with contextlib.suppress(ValueError, SyntaxError):
+            values[name] = ast.literal_eval(source)
+    return values
+
+
+def run_bare(path: Path, log=print) -> dict:
+    """Run one notebook's quick-start commands in this process, timed; nothing of the notebook's checks."""
+    nb = nbformat.read(path, as_version=4)
+    params = defaults(nb)
+    params["work_dir"] = ""
+    origin = Path.cwd()
+    sink = io.StringIO()
+    start = time.monotonic()
+    with contextlib.redirect_stdout(sink):
+        session = nbtools.setup(
+            **{k: params[k] for k in ("device", "num_processes", "timeout_s") if k in params}, echo=False
+        )
+    namespace = dict(params, S=session)
+    timings = []
+    try:
+        for kind, arg, body in steps(nb):
+            t0 = time.monotonic()
+            if kind == "write":
+                Path(magics.expand_fields(arg, namespace)).write_text(body + "\n")
+            else:
+                text = magics.expand_fields(f"{arg} {body}".strip(), namespace)
+                with contextlib.redirect_stdout(sink):
+                    (magics.run_launch if kind == "launch" else magics.run_command)(text)
+            timings.append({"kind": kind, "command": (arg or body).strip()[:80], "s": round(time.monotonic() - t0, 2)})
+    finally:
+        with contextlib.redirect_stdout(sink):
+            session.close()
+        os.chdir(origin)
+    total = round(time.monotonic() - start, 2)
+    log(f"  bare {path.name}: {total:.1f} s ({len(timings)} commands)")
+    return {"notebook": path.name, "wall_s": total, "steps": timings}
+
+
+# ---------------------------------------------------------------- 2. the same notebooks as a series
+def run_series(paths: list[Path], out: Path, log=print) -> dict:
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "run", *map(str, paths), "--output", str(out)],
+        capture_output=True,
+        text=True,
+    )
+    wall = round(time.monotonic() - start, 2)
+    report = json.loads((out / "report.json").read_text())
+    per = {n["path"]: n["duration_s"] for n in report["notebooks"]}
+    log(f"  series: {wall:.1f} s, {report['summary']['checks']}")
+    if proc.returncode != 0:
+        log(proc.stdout[-3000:])
+    return {"wall_s": wall, "ok": proc.returncode == 0, "per_notebook_s": per, "output": str(out)}
+
+
+def slowest_cells(out: Path, top: int = 8) -> list[dict]:
+    cells = []
+    for path in sorted(out.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for i, cell in enumerate(nb.cells):
+            duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
+            if cell.cell_type == "code" and duration:
+                first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")
+                cells.append({"notebook": path.name, "cell": i, "s": round(duration, 2), "source": first[:70]})
+    return sorted(cells, key=lambda c: -c["s"])[:top]
+
+
+# ---------------------------------------------------------------- 4. launch overhead
+TINY = "from accelerate import Accelerator\na = Accelerator()\na.print(f'world={a.num_processes}')\na.end_training()\n"
+
+
+def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
+    script = scratch / "tiny_launch.py"
+    script.write_text(TINY)
+    plan = nbtools.detect().plan(2)
+    env = dict(os.environ, **plan.env, PYTHONUNBUFFERED="1")
+    plain_cmd = [commands.executable("accelerate"), "launch", *plan.flags, "--mixed_precision", "no"]
+    ours_cmd = [sys.executable, "-m", "nbtools", "launch", "--num-processes", "2", str(script)]
+    subprocess.run(ours_cmd, capture_output=True, check=True)  # fills the probe cache, as any first call does
+    plain, ours = [], []
+    for _ in range(repeat):  # interleaved, so that a load change hits both alike
+        t0 = time.monotonic()
+        subprocess.run([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env, capture_output=True, check=True)
+        plain.append(time.monotonic() - t0)
+        t0 = time.monotonic()
+        subprocess.run(ours_cmd, capture_output=True, check=True)
+        ours.append(time.monotonic() - t0)
+    res = {"plain_s": round(statistics.median(plain), 2), "nbtools_s": round(statistics.median(ours), 2)}
+    res["overhead_s"] = round(res["nbtools_s"] - res["plain_s"], 2)
+    log(f"  launch: plain {res['plain_s']:.2f} s, nbtools {res['nbtools_s']:.2f} s (median of {repeat})")
+    return res
+
+
+# ---------------------------------------------------------------- 5. memory
+MEMORY_PROGRAM = """
+import json, os, sys
+from accelerate import init_empty_weights, load_checkpoint_and_dispatch
+from transformers import LlamaConfig, LlamaForCausalLM
+from nbtools.bigmodel import seed_device_map
+from nbtools.memory import PeakRAM, release_freed_memory, tensor_bytes
+ckpt = sys.argv[1]
+config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=20,
+                     num_attention_heads=8, max_position_embeddings=64)
+out = {}
+release_freed_memory()
+with PeakRAM() as peak:
+    with init_empty_weights():
+        skeleton = LlamaForCausalLM(config)
+out["skeleton_tensor_bytes"] = sum(v for k, v in tensor_bytes(skeleton).items() if k != "meta")
+out["skeleton_private_growth"] = peak.private_peak
+if not os.path.exists(os.path.join(ckpt, "config.json")):
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(ckpt, safe_serialization=True)
+    del model
+out["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
+release_freed_memory()
+with PeakRAM() as peak:
+    loaded = load_checkpoint_and_dispatch(skeleton, checkpoint=ckpt, device_map=seed_device_map("cpu", "disk", 20),
+                                          offload_folder=os.path.join(ckpt, "offload"))
+out["dispatch_rss_growth"] = peak.rss_peak
+out["dispatch_private_growth"] = peak.private_peak
+print("MEMORY " + json.dumps(out))
+"""
+
+
+def memory(scratch: Path, log=print) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-c", MEMORY_PROGRAM, str(scratch / "llama")], capture_output=True, text=True, timeout=900
+    )
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("MEMORY ")), None)
+    if line is None:
+        log(f"  memory: failed\n{proc.stderr[-2000:]}")
+        return {"error": proc.stderr[-2000:]}
+    res = json.loads(line[len("MEMORY "):])
+    log(f"  memory: skeleton {res['skeleton_tensor_bytes']} B of tensors; checkpoint {res['checkpoint_bytes'] / 1e6:.0f} MB")
+    return res
+
+
+# ---------------------------------------------------------------- report
+def render(res: dict) -> str:
+    lines = ["", "## The quick-start's commands bare vs the notebooks holding its checks", ""]
+    lines += ["| notebook | bare | series | series / bare |", "|---|---|---|---|"]
+    bare_total = series_total = 0.0
+    for b in res["bare"]:
+        s = res.get("series", {}).get("per_notebook_s", {}).get(b["notebook"])
+        bare_total += b["wall_s"]
+        series_total += s or 0
+        ratio = f"{s / b['wall_s']:.2f}x" if s else "-"
+        lines.append(f"| {b['notebook']} | {b['wall_s']:.1f} s | {f'{s:.1f} s' if s else '-'} | {ratio} |")
+    if res.get("series"):
+        ratio = series_total / bare_total if bare_total else float("nan")
+        lines.append(f"| **total** | {bare_total:.1f} s | {series_total:.1f} s | **{ratio:.2f}x** |")
+        res["series_vs_bare"] = round(ratio, 3)
+    if res.get("launch"):
+        la = res["launch"]
+        lines += ["", "## Launch overhead", "", "| plain `accelerate launch` | `python -m nbtools launch` | overhead |", "|---|---|---|"]
+        lines.append(f"| {la['plain_s']:.2f} s | {la['nbtools_s']:.2f} s | {la['overhead_s']:+.2f} s |")
+    mem = res.get("memory") or {}
+    if "checkpoint_bytes" in mem:
+        ck = mem["checkpoint_bytes"]
+        lines += ["", "## Memory (the quick-start's Llama, CPU + disk map)", "", "| measure | value |", "|---|---|"]
+        lines.append(f"| skeleton tensors (not on meta) | {mem['skeleton_tensor_bytes']} B |")
+        lines.append(f"| skeleton private RAM growth | {mem['skeleton_private_growth'] / 1e6:.1f} MB |")
+        lines.append(f"| checkpoint | {ck / 1e6:.0f} MB |")
+        lines.append(f"| dispatch RSS growth | {mem['dispatch_rss_growth'] / 1e6:.0f} MB ({mem['dispatch_rss_growth'] / ck:.2f}x) |")
+        lines.append(f"| dispatch private growth | {mem['dispatch_private_growth'] / 1e6:.0f} MB ({mem['dispatch_private_growth'] / ck:.2f}x) |")
+    if res.get("slowest_cells"):
+        lines += ["", "## Slowest cells", "", "| notebook | cell | s | source |", "|---|---|---|---|"]
+        lines += [f"| {c['notebook']} | {c['cell']} | {c['s']:.1f} | `{c['source']}` |" for c in res["slowest_cells"]]
+    lines += ["", "## Targets", ""]
+    for name, limit in TARGETS.items():
+        value = {"series_vs_bare": res.get("series_vs_bare"), "launch_overhead_s": (res.get("launch") or {}).get("overhead_s"),
+                 "skeleton_bytes": mem.get("skeleton_tensor_bytes")}[name]
+        verdict = "not measured" if value is None else ("MET" if value <= limit else "MISSED")
+        lines.append(f"- {name} <= {limit:g}: {value if value is not None else '-'} -> {verdict}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--output", default="bench-out")
+    ap.add_argument("--repeat", type=int, default=3, help="launch-overhead pairs (medians are reported)")
+    ap.add_argument("--skip-series", action="store_true")
+    ap.add_argument("--skip-memory", action="store_true")
+    args = ap.parse_args(argv)
+    out = Path(args.output).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    info = nbtools.detect()
+    res: dict = {
+        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load_1min": os.getloadavg()[0],
+                    "device": info.summary().splitlines()[0], "versions": info.versions},
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    paths = seed_notebooks()
+    print(f"notebooks holding the quick-start's checks: {', '.join(p.name for p in paths)}")
+    with tempfile.TemporaryDirectory(prefix="nbtools-bench-") as scratch:
+        os.environ["NBTOOLS_UNATTENDED"] = "1"  # the bare runs' work folders are private and removed
+        res["bare"] = [run_bare(p) for p in paths]
+        if not args.skip_series:
+            res["series"] = run_series(paths, out / "series")
+            res["slowest_cells"] = slowest_cells(out / "series")
+        res["launch"] = launch_overhead(Path(scratch), args.repeat)
+        if not args.skip_memory:
+            res["memory"] = memory(Path(scratch))
+    text = render(res)
+    print(text)
+    (out / "bench-results.json").write_text(json.dumps(res, indent=2, ensure_ascii=False) + "\n")
+    (out / "bench-results.md").write_text(text + "\n")
+    print(f"\nwritten: {out / 'bench-results.json'}, {out / 'bench-results.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
