@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-# The seed's 12 checked commands, in order (FACTS.md).
+# The quick-start's 12 checked commands, in order.
 SEED_CHECKS = (
     "check-py",
     "check-torch",

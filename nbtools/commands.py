@@ -209,6 +209,10 @@ def resolve(written: Written, info: DeviceInfo, device: str = "auto") -> Real:
             real.why.append("torch_npu is not installed here: the same program asks torch.cuda and prints "
                             "`torch_npu= not installed`")
         kind = info.resolve(device)
+        if kind == "cpu" and info.kind != "cpu":
+            env["ACCELERATE_USE_CPU"] = "1"
+            real.why.append(f"device='cpu' asked on a {info.kind.upper()} machine: ACCELERATE_USE_CPU=1 makes "
+                            "Accelerator() pick the CPU")
         adapted = dispatch_rule(argv, kind, info.count if kind != "cpu" else 0)
         if adapted:
             argv[:] = adapted[0]

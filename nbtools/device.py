@@ -52,6 +52,8 @@ try:
     n = torch.npu.device_count() if out["npu_available"] else 0
     out["npu_count"] = n
     out["npu_names"] = [torch.npu.get_device_name(i) for i in range(n)]
+    if n:  # Accelerate's is_bf16_available() says True on any NPU; this is the device's own answer
+        out["npu_bf16"] = bool(torch.npu.is_bf16_supported())
 except ModuleNotFoundError:
     pass
 except BaseException as exc:
@@ -146,7 +148,8 @@ class DeviceInfo:
         if kind == "cpu":
             devices = ["cpu"] * num_processes
             if num_processes > 1:
-                # FACTS.md: only this combination gives a real multi-process group on CPU.
+                # Only this combination gives a real multi-process group on a CPU (measured: --num_processes
+                # alone starts ONE process; --multi_gpu alone starts N processes that each run alone).
                 env["ACCELERATE_USE_CPU"] = "1"
                 flags = ["--multi_gpu", *flags]
             else:
@@ -160,8 +163,10 @@ class DeviceInfo:
         else:
             visible = _visible_list(self.visible_devices, self.count)[:num_processes]
             env[VISIBLE_VARS[kind]] = ",".join(visible)
-            if num_processes > 1:
+            if num_processes > 1 and kind == "cuda":
                 flags = ["--multi_gpu", *flags]
+            # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
+            # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
             devices = [f"{kind}:{i}" for i in range(num_processes)]
             note = f"{kind.upper()}: {num_processes} process(es) on {', '.join(self.names[:num_processes]) or kind}"
         return LaunchPlan(
@@ -277,7 +282,8 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
     kind, count, names, bf16 = "cpu", 0, [], True
     if probe.get("npu_available") and probe.get("npu_count", 0) > 0:
         kind, count, names = "npu", probe["npu_count"], list(probe.get("npu_names") or [])
-        bf16 = not any("310P" in n for n in names)  # FACTS.md: 310P fails bf16 at run time
+        # torch_npu's own answer; by name where a probe predates it (310P has no bf16 and fails at run time)
+        bf16 = bool(probe.get("npu_bf16", not any("310P" in n for n in names)))
     elif probe.get("cuda_available") and probe.get("cuda_count", 0) > 0:
         kind, count, names = "cuda", probe["cuda_count"], list(probe.get("cuda_names") or [])
         bf16 = bool(probe.get("cuda_bf16", True))

@@ -13,7 +13,7 @@ from packaging.version import InvalidVersion, Version
 
 from .device import CANN_FIX, DeviceInfo, detect
 
-# What the seed was validated with (FACTS.md).
+# What the quick-start was validated with (its version table).
 SEED_MATRIX = {
     "python": "3.12",
     "cann": "9.1.0",

@@ -2,7 +2,7 @@
 
 `accelerate launch` (torch elastic underneath) starts each worker in its OWN session
 and process group, so killing the launcher's process group leaves the workers
-running, orphaned, still holding their devices (FACTS.md). We therefore keep a list
+running, orphaned, still holding their devices. We therefore keep a list
 of every descendant seen while the launch runs, and stop them all:
 SIGTERM to the launcher (its agent ends the workers in ~2 s), a short wait,
 then SIGKILL to whatever of the known tree is still alive.

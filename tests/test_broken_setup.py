@@ -1,5 +1,5 @@
 """The commonest broken Ascend setup, for real: torch_npu from the package index beside the
-matching torch, without CANN. `import torch` itself then fails (FACTS.md). The wheel is put on
+matching torch, without CANN. `import torch` itself then fails. The wheel is put on
 PYTHONPATH (a --target dir), so the project's environment stays untouched."""
 
 from __future__ import annotations

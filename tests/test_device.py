@@ -27,13 +27,44 @@ NO_CANN = {
 }
 
 
-def test_this_machine_is_detected_as_cpu_with_a_real_gloo_route():
+# Asked of torch directly, in a child process, without nbtools: what this machine really has.
+_INDEPENDENT = r"""
+import json, torch
+out = {"cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0, "npu": 0}
+try:
+    import torch_npu  # noqa: F401
+    out["npu"] = torch.npu.device_count() if torch.npu.is_available() else 0
+except ImportError:
+    pass
+print(json.dumps(out))
+"""
+
+
+def test_this_machine_is_detected_and_its_plan_follows():
+    """Whatever the host (CPU only, one CUDA GPU, two NPUs): detect() agrees with torch asked
+    directly, and the 2-process plan is the real group this host can start."""
+    import json
+    import subprocess
+    import sys
+
+    from nbtools.device import BACKENDS, DISTRIBUTED_TYPES, VISIBLE_VARS
+
+    truth = json.loads(subprocess.run([sys.executable, "-c", _INDEPENDENT], capture_output=True, text=True,
+                                      timeout=300, check=True).stdout.strip().splitlines()[-1])
+    kind = "npu" if truth["npu"] else "cuda" if truth["cuda"] else "cpu"
     info = detect()
-    assert info.kind == "cpu" and info.count == 0 and info.backend == "gloo"
+    assert (info.kind, info.count) == (kind, truth.get(kind, 0))
+    assert info.backend == BACKENDS[kind]
     assert info.versions["torch"] and info.versions["accelerate"]
     plan = info.plan(2)
-    assert plan.env == {"ACCELERATE_USE_CPU": "1"}
-    assert "--multi_gpu" in plan.flags and plan.distributed_type == "MULTI_CPU"
+    assert "--multi_gpu" in plan.flags and plan.num_processes == 2
+    if info.count >= 2:  # a real hccl/nccl group on the first two devices
+        assert plan.device == kind and not plan.fallback
+        assert plan.env == {VISIBLE_VARS[kind]: plan.env[VISIBLE_VARS[kind]]} and plan.devices == [f"{kind}:0", f"{kind}:1"]
+    else:  # CPU only, or one accelerator: the gloo route, labelled a stand-in when it replaces one
+        assert plan.device == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"}
+        assert plan.fallback == (kind != "cpu")
+    assert (plan.backend, plan.distributed_type) == (BACKENDS[plan.device], DISTRIBUTED_TYPES[plan.device])
 
 
 def test_probe_substituted_two_npus_plan_uses_hccl_and_visible_devices():
@@ -42,7 +73,9 @@ def test_probe_substituted_two_npus_plan_uses_hccl_and_visible_devices():
     assert info.versions["cann"] == "9.1.0"
     plan = info.plan(2)
     assert plan.env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
-    assert plan.flags[0] == "--multi_gpu" and plan.devices == ["npu:0", "npu:1"]
+    # as the quick-start writes it: on NPU, --num_processes 2 switches multi-NPU on by itself
+    assert "--multi_gpu" not in plan.flags and plan.flags[:2] == ["--num_processes", "2"]
+    assert plan.devices == ["npu:0", "npu:1"]
     assert (plan.backend, plan.distributed_type, plan.fallback) == ("hccl", "MULTI_NPU", False)
 
 
