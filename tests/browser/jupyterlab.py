@@ -25,7 +25,7 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools.checks import check_ids
-from nbtools.launcher import free_port, shell_line
+from nbtools.launcher import free_port
 from nbtools.proctree import ProcessTree
 
 STDERR_MIME = "application/vnd.jupyter.stderr"
@@ -351,18 +351,17 @@ def check_cells(nb) -> list[tuple[int, str]]:
 def streaming_cell(nb) -> tuple[int, str]:
     """The cell whose output must stream, and the first line it must show while still running.
 
-    The first ``nbtools.accelerate_launch(`` cell: its ``$ <env> accelerate launch`` line, the env
-    derived from this machine's launch plan (``$ ACCELERATE_USE_CPU=1 accelerate launch`` on CPU).
-    Without a launch: the last ``nbtools.run(`` cell and its ``$ `` command line.
+    The first ``%launch`` cell: its ``$ <command as written>`` line (the quick-start's
+    ``ASCEND_RT_VISIBLE_DEVICES=... accelerate launch``), printed before any rank starts.
+    Without a launch: the last ``%cmd`` / ``%%cmd`` cell and its ``$ `` command line.
     """
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
     for i, c in code:
-        if "nbtools.accelerate_launch(" in c.source:
-            from nbtools import detect
-
-            return i, "$ " + shell_line(["accelerate", "launch"], detect().plan(2).env)
-    runs = [i for i, c in code if "nbtools.run(" in c.source]
-    assert runs, "the notebook launches nothing: no cell to watch for streaming output"
+        m = re.search(r"%launch\s+(?:--\S+\s+)*(\S+)", c.source)
+        if m:
+            return i, "$ " + m.group(1).split("{")[0]
+    runs = [i for i, c in code if re.search(r"^(?:\w+\s*=\s*)?%%?cmd\b", c.source, re.MULTILINE)]
+    assert runs, "the notebook runs no command: no cell to watch for streaming output"
     return runs[-1], "$ "
 
 
