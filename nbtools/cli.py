@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -37,33 +38,36 @@ def _cmd_launch(args) -> int:
 
 def _cmd_run(args) -> int:
     from . import report as report_mod
-    from .device import detect
-    from .runner import discover, parse_params, run_notebooks
+    from .runner import detect_for_kernel, discover, parse_params, run_notebooks
 
     params = parse_params(args.param)
     notebooks = discover(args.notebooks)
     out = Path(args.output) if args.output else Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S")
-    info = detect()
+    info = detect_for_kernel(args.kernel)  # the kernel's interpreter, not this one, is what the notebooks get
     print(info.summary())
     print(f"running {len(notebooks)} notebook(s) with kernel {args.kernel!r}; output: {out}")
     rep = run_notebooks(
         notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info
     )
     paths = report_mod.write_all(rep, out)
-    counts: dict[str, int] = {}
-    for c in rep.checks:
-        counts[c.status] = counts.get(c.status, 0) + 1
+    counts = report_mod.status_counts(rep)
     for c in rep.checks:
         if c.status != "passed":
             print(f"  {c.status:>8}  {c.id}  ({c.notebook}) {c.reason}")
-    print(
-        f"{'PASSED' if rep.ok else 'FAILED'}: "
-        + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        + f" checks; {sum(n.status == 'passed' for n in rep.notebooks)}/{len(rep.notebooks)} notebooks passed"
-        + f" in {rep.duration_s:.1f} s"
-    )
+    for n in rep.notebooks:
+        if n.status == "failed" and n.kernel_log:
+            print(f"  kernel log of {n.path}: {out / n.kernel_log}")
+    print(report_mod.summary_line(rep, counts))
     print("report: " + ", ".join(str(p) for p in paths))
+    if rep.stopped_by:
+        return 128 + int(getattr(signal, rep.stopped_by))
     return 0 if rep.ok else 1
+
+
+def _cmd_ps(args) -> int:
+    from .ps import main as ps_main
+
+    return ps_main(kill=args.kill)
 
 
 def _cmd_check(args) -> int:
@@ -107,7 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
     r.add_argument("--output", help="output dir (default: nbtools-output/<timestamp>)")
     r.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
-    r.add_argument("--kernel", default="python3", help="Jupyter kernel name (ModelArts names kernels per engine)")
+    r.add_argument(
+        "--kernel",
+        default="python3",
+        help="Jupyter kernel name, as `jupyter kernelspec list` shows it (ModelArts names kernels per engine); "
+        "the device is probed with that kernel's own interpreter",
+    )
     r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
     r.set_defaults(func=_cmd_run)
 
@@ -128,6 +137,10 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the seed's matrix")
     d.set_defaults(func=_cmd_doctor)
 
+    ps = sub.add_parser("ps", help="list launches nbtools started that are still running (--kill stops them)")
+    ps.add_argument("--kill", action="store_true", help="stop every listed launch with all its processes")
+    ps.set_defaults(func=_cmd_ps)
+
     de = sub.add_parser("detect", help="print what this machine is and how a real N-process group starts here")
     de.add_argument("--json", action="store_true")
     de.add_argument("--num-processes", type=int, default=2)
@@ -135,7 +148,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _tolerant_output() -> None:
+    """Print whatever a notebook said even where the terminal's encoding cannot (LANG=C, GBK)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_output()
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -140,14 +140,14 @@ def render_index(
     notes: list[str] | None = None,
 ) -> str:
     """The index page. ``pages``: notebook path -> rendered page; ``anchors``: check cells in them."""
+    from .report import status_counts
+
     pages, anchors, notes = pages or {}, anchors or {}, notes or []
     dev = report.device
-    counts: dict[str, int] = {}
-    for c in report.checks:
-        counts[c.status] = counts.get(c.status, 0) + 1
-    nb_ok = sum(n.status == "passed" for n in report.notebooks)
-    verdict = "PASSED" if report.ok else "FAILED"
-    summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "none"
+    counts = status_counts(report)
+    nb_ok = counts["notebooks"].get("passed", 0)
+    verdict = f"STOPPED by {report.stopped_by}" if report.stopped_by else ("PASSED" if report.ok else "FAILED")
+    summary = ", ".join(f"{n} {s}" for s, n in counts["checks"].items()) or "none"
     out = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -168,8 +168,9 @@ def render_index(
         out.append(f"<dt>visible devices</dt><dd>{_e(dev['visible_var'])}={_e(dev.get('visible_devices') or '')}</dd>")
     for p in dev.get("problems") or []:
         out.append(f'<dt>problem</dt><dd class="problem">{_e(p.get("what"))} (fix: {_e(p.get("fix"))})</dd>')
+    out.append(f"<dt>kernel</dt><dd>{_e(report.kernel)}</dd>")
     if report.parameters:
-        params = ", ".join(f"{k}={v!r}" for k, v in report.parameters.items())
+        params = " ".join(f"-p {k}={v}" for k, v in report.parameters.items())
         out.append(f"<dt>parameters</dt><dd>{_e(params)}</dd>")
     out.append(f"<dt>started</dt><dd>{_e(report.started)}</dd>")
     out.append("</dl>")
@@ -187,6 +188,8 @@ def render_index(
             links.append(f'<a href="{quote(pages[n.path])}">HTML</a>')
         if n.output:
             links.append(f'<a href="{quote(n.output)}">.ipynb</a>')
+        if getattr(n, "kernel_log", ""):
+            links.append(f'<a class="kernel-log" href="{quote(n.kernel_log)}">kernel log</a>')
         name = f'<a href="{quote(pages[n.path])}">{_e(n.path)}</a>' if n.path in pages else _e(n.path)
         out.append(
             f'<tr class="st-{_e(n.status)}" data-notebook="{_e(n.path)}" data-status="{_e(n.status)}">'
@@ -217,7 +220,7 @@ def render_index(
     out.append("</tbody></table>")
     out.append(
         "<footer>Written by <code>python -m nbtools run</code>; also in this folder: report.json, report.md, "
-        "junit.xml and the executed notebooks.</footer>"
+        "junit.xml, the executed notebooks and each kernel's own log (NN_x.kernel.log).</footer>"
     )
     out.append("</body></html>")
     return "\n".join(out) + "\n"

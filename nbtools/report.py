@@ -1,22 +1,64 @@
-"""Write a run's report: report.json, report.md, junit.xml and index.html (html_report.py) in the output dir."""
+"""Write a run's report: report.json, report.md, junit.xml and index.html (html_report.py) in the output dir.
+
+``status_counts`` is the one place the counts are made: report.json's summary, junit.xml's
+totals, index.html's banner and the CLI's last line all read them from there.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from .html_report import write_html
-from .runner import RunReport
+from .runner import RunReport, strip_ansi
+
+# Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def status_counts(report: RunReport) -> dict:
+    """{"checks": {status: n}, "notebooks": {status: n}, "junit": {tests, failures, skipped}}."""
+    checks: dict[str, int] = {}
+    for c in report.checks:
+        checks[c.status] = checks.get(c.status, 0) + 1
+    notebooks: dict[str, int] = {}
+    for n in report.notebooks:
+        notebooks[n.status] = notebooks.get(n.status, 0) + 1
+    failures = sum(v for k, v in notebooks.items() if k != "passed") + checks.get("failed", 0) + checks.get("missing", 0)
+    return {
+        "checks": dict(sorted(checks.items())),
+        "notebooks": dict(sorted(notebooks.items())),
+        "junit": {
+            "tests": len(report.notebooks) + len(report.checks),
+            "failures": failures,
+            "skipped": checks.get("skipped", 0),
+        },
+    }
+
+
+def summary_line(report: RunReport, counts: dict | None = None) -> str:
+    """'PASSED: 11 passed, 1 skipped checks; 7/7 notebooks passed in 312.4 s' (the CLI's last line)."""
+    counts = counts or status_counts(report)
+    verdict = f"STOPPED by {report.stopped_by}" if report.stopped_by else ("PASSED" if report.ok else "FAILED")
+    checks = ", ".join(f"{n} {s}" for s, n in counts["checks"].items()) or "no"
+    passed = counts["notebooks"].get("passed", 0)
+    return (
+        f"{verdict}: {checks} checks; {passed}/{len(report.notebooks)} notebooks passed in {report.duration_s:.1f} s"
+    )
 
 
 def to_dict(report: RunReport) -> dict:
     d = asdict(report)
-    counts: dict[str, int] = {}
-    for c in report.checks:
-        counts[c.status] = counts.get(c.status, 0) + 1
-    d["summary"] = {"ok": report.ok, "checks": counts, "notebooks": len(report.notebooks)}
+    counts = status_counts(report)
+    d["summary"] = {
+        "ok": report.ok,
+        "checks": counts["checks"],
+        "notebooks": len(report.notebooks),
+        "notebook_statuses": counts["notebooks"],
+        "junit": counts["junit"],
+    }
     return d
 
 
@@ -24,8 +66,14 @@ def write_json(report: RunReport, path: Path) -> None:
     path.write_text(json.dumps(to_dict(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
+def xml_text(text) -> str:
+    """Text that XML 1.0 can hold: terminal escapes removed, forbidden control characters dropped
+    (a form feed, a NUL, a bell), everything else kept as is."""
+    return _NOT_XML.sub("", strip_ansi(str(text)))
+
+
 def _esc(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    return _NOT_XML.sub("", strip_ansi(str(text))).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 def render_markdown(report: RunReport) -> str:
@@ -34,17 +82,25 @@ def render_markdown(report: RunReport) -> str:
     lines = [
         "# Notebook series run",
         "",
-        f"- result: **{'PASSED' if report.ok else 'FAILED'}** in {report.duration_s:.1f} s (started {report.started})",
+        f"- result: **{summary_line(report)}** (started {report.started})",
         f"- device: {name} {', '.join(sorted(set(dev.get('names') or [])))}; backend {dev['backend']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in dev["versions"].items() if v),
+        f"- kernel: {report.kernel}",
     ]
     for p in dev.get("problems") or []:
         lines.append(f"- problem: {p['what']} (fix: {p['fix']})")
     if report.parameters:
-        lines.append("- parameters: " + ", ".join(f"{k}={v!r}" for k, v in report.parameters.items()))
-    lines += ["", "## Notebooks", "", "| notebook | status | duration (s) | error |", "|---|---|---|---|"]
+        lines.append("- parameters: " + " ".join(f"`-p {k}={v}`" for k, v in report.parameters.items()))
+    lines += [
+        "",
+        "## Notebooks",
+        "",
+        "| notebook | status | duration (s) | error | kernel log |",
+        "|---|---|---|---|---|",
+    ]
     for n in report.notebooks:
-        lines.append(f"| {n.path} | {n.status} | {n.duration_s:.1f} | {_esc(n.error)} |")
+        klog = f"[{n.kernel_log}]({n.kernel_log})" if n.kernel_log else ""
+        lines.append(f"| {n.path} | {n.status} | {n.duration_s:.1f} | {_esc(n.error)} | {klog} |")
     lines += ["", "## Checks", "", "| id | status | notebook | reason / detail |", "|---|---|---|---|"]
     for c in report.checks:
         cid = c.id if c.seed else f"{c.id} (extra)"
@@ -54,28 +110,27 @@ def render_markdown(report: RunReport) -> str:
 
 def write_junit(report: RunReport, path: Path) -> None:
     suite = ET.Element("testsuite", name="nbtools", time=f"{report.duration_s:.2f}")
-    failures = skipped = 0
     for n in report.notebooks:
-        case = ET.SubElement(suite, "testcase", classname="notebooks", name=n.path, time=f"{n.duration_s:.2f}")
+        case = ET.SubElement(suite, "testcase", classname="notebooks", name=xml_text(n.path), time=f"{n.duration_s:.2f}")
         if n.status != "passed":
-            failures += 1
-            ET.SubElement(case, "failure", message=n.error or n.status)
+            ET.SubElement(case, "failure", message=xml_text(n.error or n.status)).text = xml_text(n.error or n.status)
     for c in report.checks:
-        case = ET.SubElement(suite, "testcase", classname=f"checks.{c.notebook or 'unclaimed'}", name=c.id)
+        case = ET.SubElement(suite, "testcase", classname=f"checks.{c.notebook or 'unclaimed'}", name=xml_text(c.id))
         if c.status in ("failed", "missing"):
-            failures += 1
-            ET.SubElement(case, "failure", message=f"{c.status}: {c.reason}")
+            ET.SubElement(case, "failure", message=xml_text(f"{c.status}: {c.reason}"))
         elif c.status == "skipped":
-            skipped += 1
-            ET.SubElement(case, "skipped", message=c.reason)
-    suite.set("tests", str(len(suite)))
-    suite.set("failures", str(failures))
-    suite.set("skipped", str(skipped))
+            ET.SubElement(case, "skipped", message=xml_text(c.reason))
+    totals = status_counts(report)["junit"]
+    suite.set("tests", str(totals["tests"]))
+    suite.set("failures", str(totals["failures"]))
+    suite.set("skipped", str(totals["skipped"]))
     suite.set("errors", "0")
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
 def write_all(report: RunReport, output_dir: Path) -> list[Path]:
+    from .html_report import write_html
+
     paths = [output_dir / "report.json", output_dir / "report.md", output_dir / "junit.xml"]
     write_json(report, paths[0])
     paths[1].write_text(render_markdown(report), encoding="utf-8")

@@ -5,28 +5,49 @@
 - each notebook gets a private work dir under one run-level temp dir, removed at the end;
 - a notebook that finished with cells that never ran (``sys.exit``) is failed;
 - when the setup is broken (e.g. torch_npu without CANN), the first failure stops the
-  run and the remaining notebooks are reported as not run, with the cause.
+  run and the remaining notebooks are reported as not run, with the cause;
+- ``-p NAME=VALUE`` is converted by the type of each notebook's own default, before any
+  kernel starts;
+- the device is probed with the kernel's own interpreter (``--kernel``);
+- kernels run unattended (NBTOOLS_UNATTENDED=1), write UTF-8 whatever the locale, talk over
+  IPC sockets, and log into ``<notebook>.kernel.log`` in the output dir, not the terminal;
+- Ctrl-C, SIGTERM and SIGHUP interrupt the running kernel (its launches stop with it), shut
+  it down, kill what is left of it after a grace period, and return what has been done.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shutil
+import signal
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
 
 from .checks import SEED_CHECKS, VERDICT, check_ids
-from .device import CACHE_ENV, DeviceInfo, detect
-from .errors import ParameterError
+from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
+from .errors import NbtoolsError, ParameterError
 
 DEFAULT_KERNEL = "python3"
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
+# What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
+# reads NBTOOLS_UNATTENDED (a private temporary folder, removed at the end); the other two make
+# the kernel and every Python it starts write and read UTF-8 whatever the locale (LANG=C, GBK).
+KERNEL_ENV = {"NBTOOLS_UNATTENDED": "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
+KERNEL_LOG = "{stem}.kernel.log"  # in the output dir: the kernel process' own stdout/stderr
+STOP_GRACE_S = 4.0  # after a stop signal: time for the interrupted cell to stop its launches
+SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 @dataclass
@@ -36,6 +57,8 @@ class NotebookResult:
     duration_s: float = 0.0
     error: str = ""
     output: str = ""  # executed notebook, relative to the output dir
+    kernel_log: str = ""  # the kernel process' own output, relative to the output dir
+    parameters: dict = field(default_factory=dict)  # what was injected, converted for this notebook
 
 
 @dataclass
@@ -55,11 +78,15 @@ class RunReport:
     parameters: dict = field(default_factory=dict)
     started: str = ""
     duration_s: float = 0.0
+    kernel: str = DEFAULT_KERNEL
+    stopped_by: str = ""  # "SIGINT" / "SIGTERM" / "SIGHUP" when a signal stopped the run
 
     @property
     def ok(self) -> bool:
-        return all(n.status == "passed" for n in self.notebooks) and all(
-            c.status in ("passed", "skipped") for c in self.checks
+        return (
+            not self.stopped_by
+            and all(n.status == "passed" for n in self.notebooks)
+            and all(c.status in ("passed", "skipped") for c in self.checks)
         )
 
 
@@ -87,24 +114,47 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     return [p.resolve() for p in found]
 
 
-def declared_parameters(nb) -> dict:
-    """Names and default source of the `parameters` cell, read without executing it."""
-    import ast
+_NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by
 
+
+def _parameters_cell(nb):
     for cell in nb.cells:
         if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            out = {}
-            try:
-                tree = ast.parse(cell.source)
-            except SyntaxError:
-                return out
-            for node in tree.body:
-                if isinstance(node, ast.Assign):
-                    for t in node.targets:
-                        if isinstance(t, ast.Name):
-                            out[t.id] = ast.unparse(node.value)
-            return out
-    return {}
+            return cell
+    return None
+
+
+def _assignments(source: str):
+    """(name, value node) of each top-level ``name = value`` / ``name: type = value``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    yield t.id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            yield node.target.id, node.value
+
+
+def declared_parameters(nb) -> dict:
+    """Names and default source of the `parameters` cell, read without executing it."""
+    cell = _parameters_cell(nb)
+    return {name: ast.unparse(value) for name, value in _assignments(cell.source)} if cell else {}
+
+
+def parameter_defaults(nb) -> dict:
+    """Name -> default value of the `parameters` cell (``_NO_DEFAULT`` where it is no literal)."""
+    cell = _parameters_cell(nb)
+    out = {}
+    for name, value in _assignments(cell.source) if cell else ():
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            out[name] = _NO_DEFAULT
+    return out
 
 
 def _cell_verdict(cell, check_id: str) -> tuple[str, str]:
@@ -112,11 +162,12 @@ def _cell_verdict(cell, check_id: str) -> tuple[str, str]:
     errors = [o for o in outputs if o.get("output_type") == "error"]
     if errors:
         e = errors[0]
-        value = str(e.get("evalue", "")).strip().splitlines()
+        value = strip_ansi(str(e.get("evalue", ""))).strip().splitlines()
         return "failed", f"{e.get('ename', 'Error')}: {value[0] if value else ''}".strip()
     if cell.get("execution_count") is None and not outputs:
         return "failed", "not run: the notebook stopped before this cell"
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream")
+    # stdout only: a stderr chunk without a newline (tqdm's '\r' progress) must not glue onto the verdict
+    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
     for status, cid, reason in VERDICT.findall(text):
         if cid == check_id:
             return ("passed", reason) if status == "PASSED" else ("skipped", reason)
@@ -140,18 +191,27 @@ def unexecuted_cells(nb) -> list[int]:
     ]
 
 
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves, OSC titles)."""
+    return _ANSI.sub("", text)
+
+
 def _error_summary(exc: BaseException) -> str:
     ename = getattr(exc, "ename", None)
     if ename:
-        evalue = [ln.strip() for ln in str(getattr(exc, "evalue", "")).strip().splitlines()]
+        evalue = [ln.strip() for ln in strip_ansi(str(getattr(exc, "evalue", ""))).strip().splitlines()]
         cell = getattr(exc, "exec_count", None)
         fixes = [ln for ln in evalue[1:] if ln.lower().startswith("fix:")]  # keep what to do
         return " ".join([f"{ename}: {evalue[0] if evalue else ''}", *fixes, f"(cell In[{cell}])"])
-    lines = str(exc).strip().splitlines()
+    lines = strip_ansi(str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
 def _parse_value(text: str):
+    """A value whose default gives no type (None, an expression, a list): YAML, as papermill's CLI does."""
     import yaml
 
     if not text.strip():
@@ -163,13 +223,331 @@ def _parse_value(text: str):
 
 
 def parse_params(items: list[str] | None) -> dict:
+    """``-p NAME=VALUE`` items -> {NAME: "VALUE"}: the text as typed; each notebook converts it
+    by the type of its own default (``convert_parameter``)."""
     params = {}
     for item in items or []:
         if "=" not in item:
             raise ParameterError(f"-p {item!r}: expected NAME=VALUE (e.g. -p num_processes=2)")
         name, value = item.split("=", 1)
-        params[name.strip()] = _parse_value(value)
+        name = name.strip()
+        if not name.isidentifier():
+            raise ParameterError(f"-p {item!r}: {name!r} is not a parameter name (e.g. -p num_processes=2)")
+        params[name] = value
     return params
+
+
+TRUE_WORDS = ("true", "1", "yes")
+FALSE_WORDS = ("false", "0", "no")
+
+
+def convert_parameter(name: str, value, default, notebook: str = ""):
+    """The value to inject for ``name``, converted by the type of the notebook's default.
+
+    str default: the text as is (``accelerate_ref=1.10`` stays "1.10", ``work_dir=~`` is "~");
+    bool: true/false/1/0/yes/no (any case); int; float. A default of another type (None, a
+    list, an expression): YAML. A value that is not text (the Python API) passes unchanged.
+    Raises ParameterError naming the parameter, its default's type and the value.
+    """
+    if not isinstance(value, str):
+        return value
+    where = f" in {notebook}" if notebook else ""
+
+    def refuse(accepted: str):
+        return ParameterError(
+            f"-p {name}={value!r}: the default of {name}{where} is {default!r} ({type(default).__name__}), "
+            f"and {value!r} is not {accepted}"
+        )
+
+    text = value.strip()
+    if isinstance(default, bool):
+        if text.lower() in TRUE_WORDS:
+            return True
+        if text.lower() in FALSE_WORDS:
+            return False
+        raise refuse("a bool (accepted: true/false, 1/0, yes/no, any case)")
+    if isinstance(default, int):
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise refuse("an int (e.g. 2)") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise refuse("a number (e.g. 0.5)") from None
+    if isinstance(default, str):
+        return value
+    return _parse_value(value)
+
+
+def convert_parameters(parameters: dict, defaults: dict, notebook: str = "") -> dict:
+    """The parameters this notebook declares, each converted by the notebook's own default."""
+    return {
+        k: convert_parameter(k, v, defaults[k], notebook) for k, v in parameters.items() if k in defaults
+    }
+
+
+# --- the kernel: its interpreter, its environment, its log, and how it is stopped ----------
+
+
+def kernel_python(name: str) -> tuple[str, dict]:
+    """The interpreter and extra environment of Jupyter kernel ``name`` (its kernelspec's argv[0]).
+
+    Raises ParameterError listing the installed kernels when there is no such kernel.
+    """
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    ksm = KernelSpecManager()
+    try:
+        spec = ksm.get_kernel_spec(name)
+    except NoSuchKernel:
+        names = sorted(ksm.find_kernel_specs())
+        raise ParameterError(
+            f"--kernel {name!r}: no such Jupyter kernel; installed (`jupyter kernelspec list`): "
+            + (", ".join(names) or "none")
+        ) from None
+    exe = spec.argv[0] if spec.argv else sys.executable
+    # jupyter_client itself starts 'python'/'python3' kernels with its own interpreter
+    if exe in {"python", f"python{sys.version_info[0]}", "python{}.{}".format(*sys.version_info[:2])}:
+        exe = sys.executable
+    elif not os.path.isabs(exe):
+        exe = shutil.which(exe) or exe
+    return exe, dict(spec.env or {})
+
+
+@contextmanager
+def _environ(extra: dict):
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update({k: str(v) for k, v in extra.items()})
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def detect_for_kernel(name: str = DEFAULT_KERNEL) -> DeviceInfo:
+    """What the notebooks will see: the device probed with kernel ``name``'s own interpreter."""
+    exe, env = kernel_python(name)
+    if os.path.abspath(exe) == os.path.abspath(sys.executable) and not env:
+        return detect()
+    with _environ(env):
+        return from_probe(run_probe(python=exe))
+
+
+class RunStopped(NbtoolsError):
+    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) arrived: the notebook starts no further cell."""
+
+
+class _KernelState:
+    """One notebook's kernel, as the runner sees it: its manager, and whether a cell is running."""
+
+    def __init__(self):
+        self.km = None
+        self.busy = False
+        self.stopping = False
+
+    def on_cell_execute(self, **_):
+        if self.stopping:  # a stop signal arrived between two cells: start no further cell
+            raise RunStopped("the run was stopped: no further cell starts")
+        self.busy = True
+
+    def on_cell_executed(self, **_):
+        self.busy = False
+
+    @property
+    def pid(self) -> int | None:
+        proc = getattr(getattr(self.km, "provisioner", None), "process", None)
+        return getattr(proc, "pid", None)
+
+
+def kernel_manager_class(state: _KernelState, log_path: Path, conn_dir: Path | None):
+    """A KernelManager class for one notebook (papermill takes a class, not an instance).
+
+    - IPC transport (unix sockets in the run's private temp dir) instead of TCP on localhost:
+      nothing listens on a port, and ipykernel does not warn "running over TCP without encryption";
+    - the kernel process' own stdout/stderr (ipykernel's log) go to ``log_path``, not the terminal;
+    - KERNEL_ENV in the kernel's environment;
+    - shutting down an idle kernel does not interrupt it first (jupyter_client sends SIGINT before
+      every shutdown; an idle ipykernel logs "KeyboardInterrupt caught in kernel" when it lands in a
+      message handler); a busy kernel (a timed-out cell) is still interrupted.
+    """
+    from jupyter_client.manager import AsyncKernelManager
+
+    class RunnerKernelManager(AsyncKernelManager):
+        def __init__(self, **kw):
+            if conn_dir is not None:
+                conn_dir.mkdir(parents=True, exist_ok=True)
+                kw.setdefault("transport", "ipc")
+                kw.setdefault("connection_file", str(conn_dir / f"{len(list(conn_dir.iterdir()))}.json"))
+            super().__init__(**kw)
+
+        async def _async_launch_kernel(self, kernel_cmd, **kw):
+            kw["env"] = {**(kw.get("env") or os.environ), **KERNEL_ENV}
+            with open(log_path, "ab") as log:
+                kw["stdout"], kw["stderr"] = log, subprocess.STDOUT
+                await super()._async_launch_kernel(kernel_cmd, **kw)
+            state.km = self
+
+        async def _async_interrupt_kernel(self):
+            if self.shutting_down and not state.busy:
+                return  # an idle kernel has nothing to interrupt
+            await super()._async_interrupt_kernel()
+
+    return RunnerKernelManager
+
+
+def _ipc_dir(run_root: Path) -> Path | None:
+    d = run_root / "k"
+    # a unix socket path holds at most 107 bytes: '<dir>/<n>-ipc-<port>'
+    return d if len(os.fsencode(str(d))) <= 90 else None
+
+
+class _Stopper:
+    """Ctrl-C, SIGTERM and SIGHUP while notebooks run.
+
+    The first signal interrupts the running kernel (SIGINT to its process group, as JupyterLab's
+    stop button does: the cell's launch stops its processes and the cell fails), lets no further
+    cell start, and gives it STOP_GRACE_S; then the kernel's process group is killed. A second
+    signal kills at once. At the end, whatever the kernel had started and is still alive gets
+    SIGTERM, then SIGKILL. The run then reports what it did and the CLI exits 128 + signal.
+    """
+
+    def __init__(self, log=print, grace: float = STOP_GRACE_S):
+        self.log = log
+        self.grace = grace
+        self.signum: int | None = None
+        self.state: _KernelState | None = None
+        self.known: dict[int, object] = {}  # pid -> psutil.Process: the kernel and its descendants
+        self._saved: dict[int, object] = {}
+        self._done = threading.Event()
+        self._killed = False
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for sig in SIGNALS:
+            self._saved[sig] = signal.signal(sig, self._on_signal)
+
+    def restore(self) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved.clear()
+
+    def _say(self, text: str) -> None:
+        try:
+            self.log(text)
+        except (OSError, ValueError):  # SIGHUP: the terminal may be gone
+            pass
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signum is not None:
+            self._say(f"nbtools run: {signal.Signals(signum).name} again: killing the kernel now")
+            self._kill_kernel()
+            return
+        self.signum = signum
+        self._say(
+            f"\nnbtools run: {self.name} received: stopping the running notebook (its launches stop with it), "
+            "then writing the report"
+        )
+        self._remember()
+        state = self.state
+        if state is not None:
+            state.stopping = True
+            self._signal_kernel(signal.SIGINT)
+        threading.Thread(target=self._watch, daemon=True, name="nbtools-stop").start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self.grace
+        while not self._done.wait(0.2):
+            self._remember()
+            if time.monotonic() > deadline and self.state is not None:
+                self._say(f"nbtools run: the kernel did not stop within {self.grace:.0f} s: killing it")
+                self._kill_kernel()
+                deadline = float("inf")
+
+    def _remember(self) -> None:
+        """Note the kernel and its descendants now: once the kernel is gone they cannot be found from it."""
+        import psutil
+
+        pid = self.state.pid if self.state is not None else None
+        if pid is None:
+            return
+        with self._lock:
+            try:
+                root = psutil.Process(pid)
+                self.known.setdefault(pid, root)
+                for child in root.children(recursive=True):
+                    self.known.setdefault(child.pid, child)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                pass
+
+    def _signal_kernel(self, sig: int) -> None:
+        pid = self.state.pid if self.state is not None else None
+        if pid is None:
+            return
+        try:
+            os.killpg(os.getpgid(pid), sig)  # the kernel runs in its own session
+        except (ProcessLookupError, PermissionError, OSError):
+            try:
+                os.kill(pid, sig)
+            except OSError:
+                pass
+
+    def _kill_kernel(self) -> None:
+        self._remember()
+        self._signal_kernel(signal.SIGKILL)
+        self._killed = True
+
+    def begin(self, state: _KernelState) -> None:
+        self.state = state
+        if self.signum is not None:
+            state.stopping = True
+
+    def end(self) -> None:
+        self._remember()
+        self.state = None
+
+    def finish(self) -> list[int]:
+        """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive. Returns those pids."""
+        import psutil
+
+        self._done.set()
+        self.restore()
+        if self.signum is None:
+            return []
+        alive = [p for p in self.known.values() if _alive(p)]
+        for p in alive:
+            try:
+                p.terminate()
+            except psutil.Error:
+                pass
+        _, still = psutil.wait_procs(alive, timeout=6.0)
+        for p in still:
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(still, timeout=2.0)
+        return [p.pid for p in alive]
+
+
+def _alive(proc) -> bool:
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def run_notebooks(
@@ -183,29 +561,45 @@ def run_notebooks(
     log=print,
     info: DeviceInfo | None = None,
 ) -> RunReport:
+    """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
+
+    ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
+    of that notebook's default. Every conversion is checked before the first kernel starts.
+    """
     import papermill as pm
 
     parameters = dict(parameters or {})
-    output_dir.mkdir(parents=True, exist_ok=True)
-    info = info or detect()
     sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
     declared = {p: declared_parameters(nb) for p, nb in sources.items()}
     unknown = [k for k in parameters if not any(k in d for d in declared.values())]
     if unknown:
         names = sorted({k for d in declared.values() for k in d})
         raise ParameterError(f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}")
-    report = RunReport(device=info.to_dict(), parameters=parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+    converted = {p: convert_parameters(parameters, parameter_defaults(nb), p.name) for p, nb in sources.items()}
+    info = info or detect_for_kernel(kernel)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    report = RunReport(
+        device=info.to_dict(),
+        parameters=parameters,
+        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        kernel=kernel,
+    )
     run_root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
     saved = {k: os.environ.get(k) for k in (CACHE_ENV, "TMPDIR")}
     os.environ[CACHE_ENV] = json.dumps(info.raw)  # kernels reuse this probe instead of re-running it
     (run_root / "tmp").mkdir()
     os.environ["TMPDIR"] = str(run_root / "tmp")  # whatever kernels leave in TMPDIR goes with run_root
+    ipc = _ipc_dir(run_root)
+    stopper = _Stopper(log)
+    stopper.install()
     t0 = time.monotonic()
     stop_reason = ""
     try:
         for i, path in enumerate(notebooks, 1):
             rel = path.name
             out_path = output_dir / path.name
+            if stopper.signum and not stop_reason:
+                stop_reason = f"not run: the run was stopped by {stopper.name}"
             if stop_reason:
                 report.notebooks.append(NotebookResult(rel, "not-run", error=stop_reason))
                 report.checks.extend(
@@ -213,12 +607,16 @@ def run_notebooks(
                 )
                 log(f"[{i}/{len(notebooks)}] {rel}: not run ({stop_reason})")
                 continue
-            nb_params = {k: v for k, v in parameters.items() if k in declared[path]}
+            nb_params = dict(converted[path])
             if "work_dir" in declared[path] and "work_dir" not in parameters:
                 nb_params["work_dir"] = str(run_root / path.stem)
+            log_path = output_dir / KERNEL_LOG.format(stem=path.stem)
+            log_path.write_bytes(b"")
+            state = _KernelState()
             log(f"[{i}/{len(notebooks)}] {rel}: running ...")
             start = time.monotonic()
             error = ""
+            stopper.begin(state)
             try:
                 pm.execute_notebook(
                     str(path),
@@ -228,23 +626,40 @@ def run_notebooks(
                     cwd=str(path.parent),
                     execution_timeout=timeout,
                     progress_bar=False,
+                    kernel_manager_class=kernel_manager_class(state, log_path, ipc),
+                    on_cell_execute=state.on_cell_execute,
+                    on_cell_executed=state.on_cell_executed,
                 )
             except Exception as exc:  # papermill raises PapermillExecutionError, timeouts, dead kernels
                 error = _error_summary(exc)
+            except KeyboardInterrupt:  # a signal before our handlers, or a cell refused after a stop
+                error = "KeyboardInterrupt"
+            finally:
+                stopper.end()
             duration = time.monotonic() - start
+            if stopper.signum:
+                where = re.sub(r"^(KeyboardInterrupt|RunStopped): ?", "", error).strip()
+                error = f"stopped by {stopper.name}: the kernel and its launches were stopped" + (f"; {where}" if where else "")
             executed = nbformat.read(out_path, as_version=4) if out_path.exists() else sources[path]
             if not error:
                 pending = unexecuted_cells(executed)
                 if pending:
                     error = f"{len(pending)} cell(s) never ran (first: cell {pending[0]}); did a cell call sys.exit()?"
             status = "failed" if error else "passed"
-            report.notebooks.append(NotebookResult(rel, status, round(duration, 2), error, out_path.name))
+            report.notebooks.append(
+                NotebookResult(rel, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
+                               log_path.name, nb_params)
+            )
             report.checks.extend(judge_checks(executed, rel))
             log(f"[{i}/{len(notebooks)}] {rel}: {status} ({duration:.1f} s){': ' + error if error else ''}")
-            if error and not info.healthy:
+            if error and not stopper.signum and not info.healthy:
                 problem = next(p for p in info.problems if p.blocking)
                 stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
     finally:
+        left = stopper.finish()
+        if left:
+            log(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
+        report.stopped_by = stopper.name
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

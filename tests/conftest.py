@@ -12,9 +12,16 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOTEBOOKS = os.path.join(ROOT, "notebooks")
 
-# Keep the tests themselves offline and unbuffered, like the notebooks.
+# Keep the tests themselves offline, like the notebooks. A test that proves the notebooks or the
+# launcher go offline by themselves runs them with ``without_offline_env()`` instead.
+OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def without_offline_env() -> dict[str, str]:
+    """This environment minus every Hugging Face offline switch (ours above, or the user's)."""
+    return {k: v for k, v in os.environ.items() if k not in OFFLINE_VARS}
 
 
 def processes_mentioning(text: str) -> list[psutil.Process]:

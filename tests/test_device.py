@@ -57,12 +57,12 @@ def test_this_machine_is_detected_and_its_plan_follows():
     assert info.backend == BACKENDS[kind]
     assert info.versions["torch"] and info.versions["accelerate"]
     plan = info.plan(2)
-    assert "--multi_gpu" in plan.flags and plan.num_processes == 2
+    assert plan.num_processes == 2 and plan.flags[plan.flags.index("--num_processes") + 1] == "2"
     if info.count >= 2:  # a real hccl/nccl group on the first two devices
         assert plan.device == kind and not plan.fallback
         assert plan.env == {VISIBLE_VARS[kind]: plan.env[VISIBLE_VARS[kind]]} and plan.devices == [f"{kind}:0", f"{kind}:1"]
     else:  # CPU only, or one accelerator: the gloo route, labelled a stand-in when it replaces one
-        assert plan.device == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"}
+        assert plan.device == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"} and "--multi_gpu" in plan.flags
         assert plan.fallback == (kind != "cpu")
     assert (plan.backend, plan.distributed_type) == (BACKENDS[plan.device], DISTRIBUTED_TYPES[plan.device])
 

@@ -151,15 +151,38 @@ def test_write_all_writes_index_with_every_notebook_and_check(tmp_path):
         assert cells[2] == c.notebook and cells[3] == c.reason  # reasons of skips and failures shown as is
 
 
+def css_rules(page: str) -> dict[str, dict[str, str]]:
+    """selector -> {property: value} of the <style> blocks of a written page."""
+    rules: dict[str, dict[str, str]] = {}
+    for block in re.findall(r"<style[^>]*>(.*?)</style>", page, re.S):
+        for selectors, body in re.findall(r"([^{}]+)\{([^}]*)\}", block):
+            decls = dict(
+                (k.strip(), v.strip()) for k, v in (d.split(":", 1) for d in body.split(";") if ":" in d)
+            )
+            for sel in selectors.split(","):
+                rules.setdefault(" ".join(sel.split()), {}).update(decls)
+    return rules
+
+
 def test_index_is_self_contained_and_coloured(tmp_path):
-    text = html_report.render_index(make_report(tmp_path))
+    report = make_report(tmp_path)
+    write_all(report, tmp_path)
+    text = (tmp_path / "index.html").read_text(encoding="utf-8")  # the page a reader opens
     assert not NETWORK.search(text), NETWORK.search(text)
     assert "<script" not in text.lower()
     assert '<div class="banner bad" id="result" data-ok="false">FAILED' in text
-    # every status gets a colour, red for the bad ones
-    css = html_report.CSS
-    for status in ("passed", "skipped", "failed", "missing", "not-run"):
-        assert re.search(rf"\.st-{status} \.status[^{{]*\{{[^}}]*background: #", css), status
+    # every status in the page gets a colour of its own; the bad ones share red
+    rules = css_rules(text)
+    page = parse(text)
+    shown = {a["data-status"] for a, _ in page.rows if "data-status" in a}
+    assert shown == {"passed", "skipped", "failed", "missing", "not-run"}  # the report above has each
+    colour = {}
+    for status in shown:
+        assert any(f"st-{status}" in a.get("class", "") for a, _ in page.rows if a.get("data-status") == status)
+        colour[status] = rules.get(f".st-{status} .status", {}).get("background")
+        assert colour[status] and colour[status].startswith("#"), (status, rules)
+    assert colour["failed"] == colour["missing"] == colour["not-run"]
+    assert len({colour["passed"], colour["skipped"], colour["failed"]}) == 3
     assert "<b>not bold</b>" not in text and "&lt;b&gt;not bold&lt;/b&gt; &amp; co" in text
     assert "CPU only; backend gloo" in text and "torch 2.13.0+cpu" in text and "torch_npu" not in text
 
@@ -220,3 +243,47 @@ def test_without_nbconvert_the_index_links_the_ipynb_and_says_why(tmp_path, monk
     assert "notebook pages not rendered (ImportError: No module named &#x27;nbconvert&#x27;)" in text
     links = parse(text).links
     assert "00_environment.ipynb" in links and not any(".html" in link for link in links)
+
+
+def test_junit_is_valid_xml_with_terminal_escapes_and_control_characters(tmp_path):
+    """Outputs and errors carry ANSI colours, NUL, bell, form feed, backspace: junit.xml stays XML 1.0
+    that a parser reads, the text stays readable, and its counts are report.json's."""
+    import json
+    from xml.etree import ElementTree as ET
+
+    report = make_report(tmp_path)
+    dirty = "\x1b[0;31mAssertionError\x1b[0m: got\x00 \x07bell\x0c\x08 \x1b]0;title\x07中文 ok"
+    report.notebooks[0].error = dirty
+    report.checks[2].reason = dirty
+    report.checks[1].reason = "skipped \x1b[33mbecause\x1b[0m \x01"
+    write_all(report, tmp_path)
+    raw = (tmp_path / "junit.xml").read_bytes()
+    suite = ET.fromstring(raw)  # raises on an invalid document
+    failures = [f.get("message") for f in suite.iter("failure")]
+    assert "AssertionError: got bell 中文 ok" in failures
+    assert "failed: AssertionError: got bell 中文 ok" in failures
+    assert [s.get("message") for s in suite.iter("skipped")] == ["skipped because "]
+    summary = json.loads((tmp_path / "report.json").read_text(encoding="utf-8"))["summary"]
+    assert {k: int(suite.get(k)) for k in ("tests", "failures", "skipped")} == summary["junit"]
+    cases = list(suite.iter("testcase"))
+    assert len(cases) == summary["junit"]["tests"] == len(report.notebooks) + len(report.checks)
+    assert summary["junit"]["failures"] == sum(c.find("failure") is not None for c in cases) == 4
+    assert summary["junit"]["skipped"] == sum(c.find("skipped") is not None for c in cases) == 1
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "\x1b" not in md and "\x00" not in md and "AssertionError: got bell 中文 ok" in md
+
+
+def test_stopped_run_says_so(tmp_path):
+    report = make_report(tmp_path)
+    report.stopped_by = "SIGTERM"
+    text = html_report.render_index(report)
+    assert '<div class="banner bad" id="result" data-ok="false">STOPPED by SIGTERM:' in text
+
+
+def test_kernel_log_is_linked(tmp_path):
+    report = make_report(tmp_path)
+    report.notebooks[0].kernel_log = "00_environment.kernel.log"
+    (tmp_path / "00_environment.kernel.log").write_text("[IPKernelApp] a kernel line\n")
+    write_all(report, tmp_path)
+    assert "00_environment.kernel.log" in parse((tmp_path / "index.html").read_text(encoding="utf-8")).links
+    assert "[00_environment.kernel.log](00_environment.kernel.log)" in (tmp_path / "report.md").read_text(encoding="utf-8")

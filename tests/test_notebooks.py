@@ -8,10 +8,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT
+from conftest import NOTEBOOKS, ROOT, without_offline_env
 
-from nbtools.checks import SEED_CHECKS
+from nbtools import detect
+from nbtools.checks import SEED_CHECKS, check_ids
+from nbtools.runner import judge_checks
 
 pytestmark = pytest.mark.notebook
 
@@ -37,7 +40,8 @@ def _has(tool: str) -> bool:
 
 @pytest.fixture(scope="module")
 def series_run(tmp_path_factory):
-    """The whole series, once, with the network refused when the machine allows it."""
+    """The whole series, once, with the network refused when the machine allows it, and without
+    any Hugging Face offline switch in its environment: the notebooks must set what they need."""
     out = tmp_path_factory.mktemp("series-out")
     before = _git_status()
     prefix = offline_prefix()
@@ -47,6 +51,7 @@ def series_run(tmp_path_factory):
         text=True,
         timeout=1500,
         cwd=tmp_path_factory.mktemp("elsewhere"),
+        env=without_offline_env(),
     )
     return proc, out, before, bool(prefix)
 
@@ -63,7 +68,8 @@ def test_series_passes_with_only_the_source_install_skipped(series_run):
         else:
             assert c["status"] == "passed", c
     assert all(n["status"] == "passed" for n in report["notebooks"])
-    assert report["device"]["kind"] == "cpu"
+    info = detect()
+    assert (report["device"]["kind"], report["device"]["count"]) == (info.kind, info.count)
 
 
 def test_series_leaves_the_work_tree_unchanged(series_run):
@@ -89,16 +95,39 @@ def test_series_needs_no_network(series_run):
 # The series run above already executes every notebook alone in a fresh kernel (cwd = its folder);
 # these add papermill's own CLI started elsewhere (cwd = the caller's), for a notebook without a
 # launch, one with a launch, and one with two concurrent launches.
+def expected_verdicts(nb) -> dict[str, tuple[str, ...]]:
+    """Each check id of a notebook -> the verdicts it may end with here: a seed check passes (the
+    source install skips: it needs the network), an extra check passes or skips with its reason."""
+    out = {}
+    for cell in nb.cells:
+        for cid in check_ids(cell.get("metadata", {}).get("tags")):
+            if cid == "acc-install-source":
+                out[cid] = ("skipped",)
+            else:
+                out[cid] = ("passed",) if cid in SEED_CHECKS else ("passed", "skipped")
+    return out
+
+
 @pytest.mark.parametrize("name", ["00_environment.ipynb", "02_distributed_eval.ipynb", "06_multi_node.ipynb"])
 def test_notebook_passes_alone_under_plain_papermill_from_another_dir(name, tmp_path):
-    """papermill's own CLI, started elsewhere, without --cwd: the notebook must not depend on it."""
+    """papermill's own CLI, started elsewhere, without --cwd, without nbtools run's environment
+    (no NBTOOLS_UNATTENDED, no offline switches): every check of the notebook gives its verdict."""
+    source = Path(NOTEBOOKS) / name
+    expected = expected_verdicts(nbformat.read(source, as_version=4))
+    assert expected, f"{name} has no check cells"
     out = tmp_path / name
+    env = {k: v for k, v in without_offline_env().items() if not k.startswith("NBTOOLS_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "papermill", str(Path(NOTEBOOKS) / name), str(out), "-k", "python3", "--no-progress-bar"],
+        [sys.executable, "-m", "papermill", str(source), str(out), "-k", "python3", "--no-progress-bar"],
         capture_output=True,
         text=True,
         timeout=900,
         cwd=tmp_path,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "[check] PASSED" in out.read_text()
+    got = {c.id: c for c in judge_checks(nbformat.read(out, as_version=4), name)}
+    assert set(got) == set(expected)
+    for cid, allowed in expected.items():
+        assert got[cid].status in allowed, (cid, got[cid])
+        assert got[cid].status != "skipped" or got[cid].reason, (cid, "a skip needs its reason")

@@ -1,4 +1,5 @@
-"""Shared-host hygiene: concurrent runs, no trace left behind, bad parameters before any process."""
+"""Shared-host hygiene: concurrent runs, no trace left behind, bad parameters before any process,
+and a run stopped by a signal mid-launch leaves nothing running."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import NOTEBOOKS
 
 
@@ -62,3 +64,108 @@ def test_bad_parameter_stops_the_notebook_before_any_process(tmp_path):
     # injected parameters, parameters, and the failing setup cell: no launch ever started
     assert len(ran) == 3
     assert "accelerate launch" not in json.dumps(ran)
+
+
+# --- a stop signal to `python -m nbtools run` while a notebook is mid-launch -----------------
+
+
+def _stop_series(tmp_path: Path, marker: str, stubborn: bool = False) -> Path:
+    """00 launches a quiet child (`nbtools.run`, sleeping); 01 would run after it."""
+    from test_runner import make_nb
+
+    d = tmp_path / "nbs"
+    d.mkdir()
+    ignore = "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)  # a cell deaf to interrupts\n"
+    make_nb(
+        d / "00_launch.ipynb",
+        [
+            ("work_dir = ''\n", ["parameters"]),
+            ((ignore if stubborn else "") + "import sys, nbtools\n"
+             f"nbtools.run([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}'], timeout=900)", []),
+            ("print('after the launch')", []),
+        ],
+    )
+    make_nb(d / "01_next.ipynb", [("print('the next notebook')", [])])
+    return d
+
+
+def _alive(procs) -> list:
+    import psutil
+
+    out = []
+    for p in procs:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _stop_mid_launch(tmp_path: Path, signals: list[str], stubborn: bool = False):
+    """Start a run, wait for the launched child, send ``signals`` (0.5 s apart); return what is left."""
+    import signal
+    import time
+    import uuid
+
+    import psutil
+    from conftest import processes_mentioning, wait_gone
+
+    marker = f"nbtools-stop-test-{uuid.uuid4().hex}"
+    nbs = _stop_series(tmp_path, marker, stubborn)
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nbtools", "run", str(nbs), "--output", str(out)],
+        cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, encoding="utf-8",
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while not processes_mentioning(marker):
+            assert proc.poll() is None and time.monotonic() < deadline, "the launch never started"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        tree = psutil.Process(proc.pid).children(recursive=True)  # the kernel, the guardian, the child
+        assert len(tree) >= 2, tree
+        sent = time.monotonic()
+        for i, name in enumerate(signals):
+            if i:
+                time.sleep(0.5)
+            proc.send_signal(getattr(signal, name))
+        stdout, _ = proc.communicate(timeout=60)
+        left = wait_gone(marker, timeout=max(0.0, 10 - (time.monotonic() - sent)))
+        left_tree = _alive(tree)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, stdout, out, left, left_tree
+
+
+@pytest.mark.parametrize("name", ["SIGINT", "SIGTERM", "SIGHUP"])
+def test_signal_to_run_stops_the_kernel_and_its_launch(name, tmp_path):
+    import signal
+
+    rc, stdout, out, left, left_tree = _stop_mid_launch(tmp_path, [name])
+    assert left == [], f"the launch outlived the run 10 s after {name}: {left}\n{stdout[-3000:]}"
+    assert left_tree == [], f"left of the run's kernel: {left_tree}\n{stdout[-3000:]}"
+    assert rc == 128 + getattr(signal, name), stdout[-3000:]
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))  # it wrote what it had
+    assert report["stopped_by"] == name and report["summary"]["ok"] is False
+    first, second = report["notebooks"]
+    assert first["status"] == "failed" and first["error"].startswith(f"stopped by {name}"), first
+    assert second["status"] == "not-run" and name in second["error"], second
+    assert (out / "00_launch.ipynb").is_file() and (out / "junit.xml").is_file()
+    assert f"STOPPED by {name}" in stdout
+
+
+def test_a_cell_deaf_to_interrupts_is_killed_after_the_grace_period(tmp_path):
+    rc, stdout, out, left, left_tree = _stop_mid_launch(tmp_path, ["SIGTERM"], stubborn=True)
+    assert left == [] and left_tree == [], (left, left_tree, stdout[-3000:])
+    assert rc == 143 and "did not stop within" in stdout, stdout[-3000:]
+
+
+def test_a_second_ctrl_c_kills_at_once(tmp_path):
+    rc, stdout, out, left, left_tree = _stop_mid_launch(tmp_path, ["SIGINT", "SIGINT"], stubborn=True)
+    assert left == [] and left_tree == [], (left, left_tree, stdout[-3000:])
+    assert rc == 130 and "SIGINT again: killing the kernel now" in stdout, stdout[-3000:]
+    assert "did not stop within" not in stdout

@@ -3,16 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import nbformat
 import pytest
+from conftest import processes_mentioning
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from nbtools import ParameterError, detect
 from nbtools.checks import SEED_CHECKS
-from nbtools.runner import parse_params
+from nbtools.runner import KERNEL_ENV, convert_parameter, parse_params
 
 
 def make_nb(path: Path, cells: list[tuple[str, list[str]]]) -> Path:
@@ -26,11 +33,29 @@ def make_nb(path: Path, cells: list[tuple[str, list[str]]]) -> Path:
 
 
 PARAMS = ("device = 'auto'\nnum_processes = 2\nwork_dir = ''\n", ["parameters"])
+# one cell claiming every seed id, so that a one-notebook run can pass
+ALL_SEED = (
+    "import nbtools\nfor cid in nbtools.SEED_CHECKS:\n    nbtools.passed(cid, 'synthetic')",
+    [f"check:{cid}" for cid in SEED_CHECKS],
+)
+# the lines a kernel's own log printed into a passing run before (issue 11, point 8)
+KERNEL_NOISE = ("IPKernelApp", "without encryption", "KeyboardInterrupt")
 
 
-def run_cli(*args, cwd=None) -> subprocess.CompletedProcess:
+def run_cli(*args, cwd=None, env=None, timeout=600) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "nbtools", "run", *args], capture_output=True, text=True, timeout=600, cwd=cwd
+        [sys.executable, "-m", "nbtools", "run", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env, encoding="utf-8",
+    )
+
+
+def outputs(nb, name: str | None = None) -> str:
+    return "".join(
+        o.get("text", "")
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if name is None or o.get("name") == name
     )
 
 
@@ -40,18 +65,23 @@ def series(tmp_path_factory):
     make_nb(
         d / "00_good.ipynb",
         [
-            PARAMS,
+            (PARAMS[0] + "accelerate_ref = ''\nhome = ''\nflag = False\nratio = 0.5\n", ["parameters"]),
             ("import os, nbtools\nprint('cwd=' + os.getcwd())\nprint('np=' + str(num_processes))\n"
-             "print('wd=' + work_dir)", []),
+             "print('wd=' + work_dir)\nprint('types=' + repr((accelerate_ref, home, flag, ratio)))\n"
+             f"print('env=' + repr({{k: os.environ.get(k) for k in {sorted(KERNEL_ENV)!r}}}))", []),
             ("assert num_processes == 3\nnbtools.passed('check-py', 'ok')", ["check:check-py"]),
             ("nbtools.skipped('acc-install-source', 'needs the network')", ["check:acc-install-source"]),
             ("print('no verdict here')", ["check:extra-silent"]),
+            # tqdm-like progress on stderr, no newline, then the verdict on stdout
+            ("import sys, time\nsys.stderr.write(' 50%|#####     | 5/10\\r')\nsys.stderr.flush()\ntime.sleep(0.3)\n"
+             "nbtools.passed('extra-stderr', 'after a progress bar')", ["check:extra-stderr"]),
         ],
     )
     make_nb(
         d / "01_bad.ipynb",
         [
-            PARAMS,
+            (PARAMS[0] + "ratio = ''\n", ["parameters"]),
+            ("print('ratio=' + repr(ratio))", []),
             ("import nbtools\nassert 1 + 1 == 3, 'arithmetic is broken'\nnbtools.passed('acc-launch')", ["check:acc-launch"]),
             ("nbtools.passed('acc-prepare')", ["check:acc-prepare"]),
         ],
@@ -65,8 +95,11 @@ def series(tmp_path_factory):
         ],
     )
     out = tmp_path_factory.mktemp("out")
-    proc = run_cli(str(d), "-p", "num_processes=3", "--output", str(out), cwd=tmp_path_factory.mktemp("elsewhere"))
-    report = json.loads((out / "report.json").read_text())
+    proc = run_cli(
+        str(d), "-p", "num_processes=3", "-p", "accelerate_ref=1.10", "-p", "home=~", "-p", "flag=YES",
+        "-p", "ratio=2", "--output", str(out), cwd=tmp_path_factory.mktemp("elsewhere"),
+    )
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
     return d, out, proc, report
 
 
@@ -102,23 +135,68 @@ def test_check_statuses(series):
     assert by["acc-dispatch"]["status"] == "missing"
 
 
+def test_verdict_is_read_from_stdout_only(series):
+    """A stderr chunk without a newline (tqdm's '\\r') sits between the cell's outputs; the verdict still counts."""
+    _, out, _, report = series
+    nb = nbformat.read(out / "00_good.ipynb", as_version=4)
+    (cell,) = [c for c in nb.cells if "check:extra-stderr" in c.metadata.get("tags", [])]
+    assert [o.get("name") for o in cell.outputs] == ["stderr", "stdout"], cell.outputs  # the case is real
+    by = {c["id"]: c for c in report["checks"]}
+    assert by["extra-stderr"]["status"] == "passed" and by["extra-stderr"]["reason"] == "after a progress bar"
+
+
 def test_parameters_injected_and_cwd_is_the_notebook_folder(series):
     d, out, _, _ = series
-    nb = nbformat.read(out / "00_good.ipynb", as_version=4)
-    text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+    text = outputs(nbformat.read(out / "00_good.ipynb", as_version=4))
     assert f"cwd={d}" in text
     assert "np=3" in text
     assert "wd=/" in text  # the runner hands every notebook a private work dir
 
 
+def test_p_values_convert_by_each_notebooks_default(series):
+    """str defaults keep the text ('1.10' is no float, '~' no None); bool/int/float convert; per notebook."""
+    _, out, _, report = series
+    good = outputs(nbformat.read(out / "00_good.ipynb", as_version=4))
+    assert "types=('1.10', '~', True, 2.0)" in good
+    bad = outputs(nbformat.read(out / "01_bad.ipynb", as_version=4))
+    assert "ratio='2'" in bad  # 01 declares ratio = '' (a str), 00 ratio = 0.5 (a float)
+    by = {n["path"]: n for n in report["notebooks"]}
+    assert by["00_good.ipynb"]["parameters"]["ratio"] == 2.0 and by["01_bad.ipynb"]["parameters"]["ratio"] == "2"
+    assert report["parameters"] == {"num_processes": "3", "accelerate_ref": "1.10", "home": "~", "flag": "YES",
+                                    "ratio": "2"}  # as typed
+
+
+def test_kernels_run_unattended_and_in_utf8(series):
+    _, out, _, _ = series
+    text = outputs(nbformat.read(out / "00_good.ipynb", as_version=4))
+    assert f"env={dict(sorted(KERNEL_ENV.items()))!r}" in text
+
+
 def test_report_files(series):
     _, out, proc, report = series
-    assert {"report.json", "report.md", "junit.xml", "00_good.ipynb"} <= {p.name for p in out.iterdir()}
-    assert report["device"]["kind"] == "cpu"
-    md = (out / "report.md").read_text()
+    assert {"report.json", "report.md", "junit.xml", "00_good.ipynb", "00_good.kernel.log"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert report["device"]["kind"] == detect().kind
+    md = (out / "report.md").read_text(encoding="utf-8")
     assert "| acc-install-source | skipped | 00_good.ipynb | needs the network |" in md
-    junit = (out / "junit.xml").read_text()
-    assert 'failures="' in junit and "<skipped" in junit
+    assert "[00_good.kernel.log](00_good.kernel.log)" in md
+
+
+def test_junit_counts_match_report_json_and_the_cli(series):
+    _, out, proc, report = series
+    suite = ET.parse(out / "junit.xml").getroot()
+    cases = suite.findall("testcase")
+    assert int(suite.get("tests")) == len(cases) == len(report["notebooks"]) + len(report["checks"])
+    failures = sum(n["status"] != "passed" for n in report["notebooks"]) + sum(
+        c["status"] in ("failed", "missing") for c in report["checks"]
+    )
+    skipped = sum(c["status"] == "skipped" for c in report["checks"])
+    assert int(suite.get("failures")) == failures == len([c for c in cases if c.find("failure") is not None])
+    assert int(suite.get("skipped")) == skipped == len([c for c in cases if c.find("skipped") is not None])
+    assert report["summary"]["junit"] == {"tests": len(cases), "failures": failures, "skipped": skipped}
+    counts = ", ".join(f"{n} {s}" for s, n in report["summary"]["checks"].items())
+    assert f"FAILED: {counts} checks; 1/3 notebooks passed" in proc.stdout
 
 
 def test_unknown_parameter_is_refused_before_running(tmp_path):
@@ -128,5 +206,226 @@ def test_unknown_parameter_is_refused_before_running(tmp_path):
     assert "num_proceses not declared by any notebook; declared: device, num_processes, work_dir" in proc.stderr
 
 
-def test_parse_params_types():
-    assert parse_params(["a=2", "b=bf16", "c=true", "d=", "e=1.5"]) == {"a": 2, "b": "bf16", "c": True, "d": "", "e": 1.5}
+def test_unconvertible_value_is_refused_before_any_kernel_starts(tmp_path):
+    make_nb(tmp_path / "00_x.ipynb", [PARAMS, ("open('ran', 'w').write('yes')", [])])
+    out = tmp_path / "o"
+    proc = run_cli(str(tmp_path), "-p", "num_processes=two", "--output", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "num_processes='two'" in proc.stderr and "(int)" in proc.stderr and "00_x.ipynb" in proc.stderr
+    assert not (tmp_path / "ran").exists() and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "default, text, value",
+    [
+        ("", "1.10", "1.10"), ("", "~", "~"), ("", "", ""), ("", " a b ", " a b "), ("", "true", "true"),
+        (2, "3", 3), (2, " 3 ", 3), (0.5, "2", 2.0), (0.5, "1e-3", 0.001),
+        (False, "true", True), (False, "YES", True), (True, "0", False), (True, "No", False), (True, "FALSE", False),
+        (None, "~", None), (None, "[1, 2]", [1, 2]), (None, "x", "x"),
+    ],
+)
+def test_convert_parameter_by_the_default_type(default, text, value):
+    got = convert_parameter("p", text, default, "00_x.ipynb")
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("default, text", [(2, "two"), (2, "2.5"), (2, ""), (0.5, "half"), (False, "maybe"), (True, "")])
+def test_convert_parameter_refuses_with_name_type_and_value(default, text):
+    with pytest.raises(ParameterError) as err:
+        convert_parameter("p", text, default, "00_x.ipynb")
+    msg = str(err.value)
+    assert f"p={text!r}" in msg and f"({type(default).__name__})" in msg and "00_x.ipynb" in msg
+
+
+def test_parse_params_keeps_the_text():
+    assert parse_params(["a=2", "b=bf16", "c=true", "d=", "e=1.5", "f=x=y"]) == {
+        "a": "2", "b": "bf16", "c": "true", "d": "", "e": "1.5", "f": "x=y"
+    }
+    with pytest.raises(ParameterError, match="expected NAME=VALUE"):
+        parse_params(["a"])
+
+
+# --- a clean run to read: no kernel log lines in the terminal, the log in a file the report links ---
+
+
+def test_passing_run_prints_no_kernel_log_and_links_the_log_file(tmp_path):
+    """ipykernel warned 'running over TCP without encryption' once per notebook, and logged
+    'KeyboardInterrupt caught in kernel' when jupyter_client's shutdown interrupted an idle kernel.
+    The sentinel below sits in the kernel's process group and records any SIGINT sent to it."""
+    sentinel = tmp_path / "sigint-seen"
+    marker = f"sentinel-{uuid.uuid4().hex}"
+    ready = tmp_path / "sentinel-ready"
+    sentinel_code = (
+        "import signal, sys, time\n"
+        f"signal.signal(signal.SIGINT, lambda *a: (open({str(sentinel)!r}, 'w').write('SIGINT'), sys.exit()))\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        f"time.sleep(6)  # {marker}"
+    )
+    make_nb(
+        tmp_path / "00_clean.ipynb",
+        [
+            ("work_dir = ''\n", ["parameters"]),
+            ("import os, subprocess, sys, time\n"  # a background child, in the kernel's process group
+             f"subprocess.Popen([sys.executable, '-c', {sentinel_code!r}])\n"
+             f"while not os.path.exists({str(ready)!r}):\n    time.sleep(0.05)", []),
+            ALL_SEED,
+        ],
+    )
+    out = tmp_path / "out"
+    proc = run_cli(str(tmp_path / "00_clean.ipynb"), "--output", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for noise in KERNEL_NOISE:
+        assert noise not in proc.stdout + proc.stderr, (noise, proc.stdout + proc.stderr)
+    log = out / "00_clean.kernel.log"
+    assert log.is_file()
+    assert "without encryption" not in log.read_text(encoding="utf-8", errors="replace")  # IPC: no TCP at all
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert report["notebooks"][0]["kernel_log"] == log.name
+    assert f"[{log.name}]({log.name})" in (out / "report.md").read_text(encoding="utf-8")
+    assert f'class="kernel-log" href="{log.name}"' in (out / "index.html").read_text(encoding="utf-8")
+    deadline = time.monotonic() + 15
+    while processes_mentioning(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not sentinel.exists(), "the kernel's shutdown interrupted an idle kernel (SIGINT to its process group)"
+
+
+def test_failed_notebook_names_its_kernel_log(tmp_path):
+    make_nb(tmp_path / "00_dies.ipynb", [("import os\nos._exit(3)", [])])
+    out = tmp_path / "out"
+    proc = run_cli(str(tmp_path / "00_dies.ipynb"), "--output", str(out))
+    assert proc.returncode == 1
+    assert f"kernel log of 00_dies.ipynb: {out / '00_dies.kernel.log'}" in proc.stdout
+    assert (out / "00_dies.kernel.log").is_file()
+
+
+# --- the kernel's environment: UTF-8 whatever the locale -------------------------------------
+
+UTF8_TEXT = "中文输出 ✓ naïve 😀"  # the check mark and the emoji are not in GBK
+CHILD = f"print({UTF8_TEXT!r})"  # a Python child of the kernel, printing it
+
+
+@pytest.fixture(scope="session")
+def gbk_locale(tmp_path_factory):
+    """LOCPATH and name of a zh_CN GBK locale: an installed one, else one generated with localedef."""
+    have = subprocess.run(["locale", "-a"], capture_output=True, text=True).stdout.split() if shutil.which("locale") else []
+    for name in have:
+        if "gbk" in name.lower() or name.lower().endswith(".gb18030"):
+            return {}, name
+    if not shutil.which("localedef"):
+        pytest.skip("no GBK locale installed and no localedef to generate one")
+    d = tmp_path_factory.mktemp("locale")
+    proc = subprocess.run(["localedef", "-i", "zh_CN", "-f", "GBK", str(d / "zh_CN.GBK")], capture_output=True, text=True)
+    if proc.returncode not in (0, 1) or not (d / "zh_CN.GBK").exists():  # 1: warnings, locale written
+        pytest.skip(f"cannot generate a GBK locale: localedef exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return {"LOCPATH": str(d)}, "zh_CN.GBK"
+
+
+@pytest.mark.parametrize("where", ["C", "GBK"])
+def test_kernel_output_is_utf8_whatever_the_locale(where, tmp_path, request):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("LC_", "LANG", "PYTHONIOENCODING", "PYTHONUTF8"))}
+    if where == "GBK":
+        extra, name = request.getfixturevalue("gbk_locale")
+        env.update(extra, LANG=name, LC_ALL=name)
+        probe = subprocess.run([sys.executable, "-c", "import locale; print(locale.getpreferredencoding(False))"],
+                               env=env, capture_output=True, text=True)
+        assert probe.stdout.strip().upper() == "GBK", probe  # the case is real
+    else:
+        env.update(LANG="C", LC_ALL="C")
+    make_nb(
+        tmp_path / "00_utf8.ipynb",
+        [
+            ("import subprocess, sys, nbtools\n"
+             f"r = subprocess.run([sys.executable, '-c', {CHILD!r}], capture_output=True, text=True)\n"
+             "print(r.stdout + r.stderr)\n"
+             "nbtools.passed('extra-utf8', r.stdout.strip())", ["check:extra-utf8"]),
+        ],
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "run", str(tmp_path / "00_utf8.ipynb"), "--output", str(out)],
+        capture_output=True, timeout=300, env=env,
+    )
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    by = {c["id"]: c for c in report["checks"]}
+    assert by["extra-utf8"]["status"] == "passed", (by["extra-utf8"], proc.stdout[-2000:], proc.stderr[-2000:])
+    assert by["extra-utf8"]["reason"] == UTF8_TEXT
+    nb = nbformat.read(out / "00_utf8.ipynb", as_version=4)
+    assert UTF8_TEXT in outputs(nb, "stdout")
+
+
+# --- --kernel: the device is probed with the kernel's own interpreter -------------------------
+
+
+def install_kernel(jupyter_path: Path, name: str, argv0: str) -> None:
+    d = jupyter_path / "kernels" / name
+    d.mkdir(parents=True)
+    (d / "kernel.json").write_text(json.dumps({
+        "argv": [argv0, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": name, "language": "python",
+    }))
+
+
+def test_unknown_kernel_lists_the_installed_ones(tmp_path):
+    make_nb(tmp_path / "00_x.ipynb", [PARAMS])
+    proc = run_cli(str(tmp_path), "--kernel", "no-such-kernel", "--output", str(tmp_path / "o"))
+    assert proc.returncode == 2
+    assert "--kernel 'no-such-kernel': no such Jupyter kernel" in proc.stderr
+    listed = subprocess.run([sys.executable, "-m", "jupyter", "kernelspec", "list", "--json"],
+                            capture_output=True, text=True)
+    names = sorted(json.loads(listed.stdout)["kernelspecs"])
+    assert "installed (`jupyter kernelspec list`): " + ", ".join(names) in proc.stderr
+
+
+def kernel_run(tmp_path: Path, argv0: str) -> tuple[subprocess.CompletedProcess, dict, str]:
+    jp = tmp_path / "jupyter"
+    install_kernel(jp, "other", argv0)
+    make_nb(tmp_path / "00_torch.ipynb", [("import torch\nprint('kernel torch=' + torch.__version__)", [])])
+    out = tmp_path / "out"
+    env = dict(os.environ, JUPYTER_PATH=str(jp))
+    proc = run_cli(str(tmp_path / "00_torch.ipynb"), "--kernel", "other", "--output", str(out), env=env)
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    text = outputs(nbformat.read(out / "00_torch.ipynb", as_version=4)) if (out / "00_torch.ipynb").exists() else ""
+    return proc, report, text
+
+
+def test_kernel_probe_uses_the_kernels_interpreter_fake_torch(tmp_path):
+    """Anywhere: the kernel's interpreter is a wrapper that puts a stand-in torch first on its path."""
+    fake = tmp_path / "fake"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("__version__ = '0.0.1+kerneltest'\n")
+    wrapper = tmp_path / "kernel-python"
+    wrapper.write_text(f'#!/bin/sh\nPYTHONPATH={fake} exec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    proc, report, text = kernel_run(tmp_path, str(wrapper))
+    assert report["device"]["versions"]["torch"] == "0.0.1+kerneltest", proc.stdout + proc.stderr
+    assert "kernel torch=0.0.1+kerneltest" in text
+    assert "torch 0.0.1+kerneltest" in proc.stdout and report["kernel"] == "other"
+
+
+VENV29 = Path("/work/venv29/bin/python")
+
+
+@pytest.mark.skipif(not VENV29.exists(), reason=f"{VENV29} (a second venv with another torch) is not on this machine")
+def test_kernel_probe_uses_the_kernels_interpreter_other_venv(tmp_path):
+    import torch
+
+    other = subprocess.run([str(VENV29), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
+    kernel_torch = other.stdout.strip()
+    assert kernel_torch and kernel_torch != torch.__version__  # the case is real
+    proc, report, text = kernel_run(tmp_path, str(VENV29))
+    assert report["device"]["versions"]["torch"] == kernel_torch, proc.stdout + proc.stderr
+    assert f"kernel torch={kernel_torch}" in text
+
+
+def test_ps_subcommand_calls_nbtools_ps(monkeypatch):
+    """`python -m nbtools ps [--kill]` hands over to nbtools.ps.main(kill=...), imported only when used."""
+    import types
+
+    from nbtools import cli
+
+    calls = []
+    fake = types.ModuleType("nbtools.ps")
+    fake.main = lambda kill=False: calls.append(kill) or 0
+    monkeypatch.setitem(sys.modules, "nbtools.ps", fake)
+    assert cli.main(["ps"]) == 0 and cli.main(["ps", "--kill"]) == 0
+    assert calls == [False, True]
