@@ -12,8 +12,8 @@ from importlib import metadata
 
 import nbformat
 import pytest
-from packaging.version import Version
 from conftest import NOTEBOOKS
+from packaging.version import Version
 
 from nbtools.checks import SEED_CHECKS
 

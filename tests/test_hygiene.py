@@ -11,6 +11,7 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
+from nbtools.checks import SEED_CHECKS
 from nbtools.hygiene import check_series
 
 
@@ -63,10 +64,12 @@ def test_each_rule_catches_its_defect(copy, mutate, expected):
 
 
 def test_a_seed_id_tagged_twice_or_never_is_reported(copy):
-    first = _first(copy)
+    seed_tags = {f"check:{cid}" for cid in SEED_CHECKS}
+    first = next(p for p in sorted(copy.glob("*.ipynb")) if any(
+        seed_tags & set(c.metadata.get("tags", [])) for c in nbformat.read(p, as_version=4).cells))
     nb = nbformat.read(first, as_version=4)
-    tagged = next(c for c in nb.cells if any(t.startswith("check:") for t in c.metadata.get("tags", [])))
-    cid = next(t for t in tagged.metadata["tags"] if t.startswith("check:"))[len("check:"):]
+    tagged = next(c for c in nb.cells if seed_tags & set(c.metadata.get("tags", [])))
+    cid = next(t for t in tagged.metadata["tags"] if t in seed_tags)[len("check:"):]
     nb.cells.append(nbformat.v4.new_code_cell(f"nbtools.passed({cid!r})", metadata={"tags": [f"check:{cid}"]}))
     nbformat.write(nb, first)
     assert any(f"seed check {cid}: tagged on 2 cells" in p for p in check_series(copy))
