@@ -42,7 +42,8 @@ import nbtools
 from nbtools import commands, magics
 from nbtools.checks import SEED_CHECKS, check_ids
 from nbtools.launcher import free_port
-from nbtools.runner import SERIES_GLOB, declared_parameters
+from nbtools.params import declared_parameters
+from nbtools.runner import SERIES_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
@@ -187,7 +188,7 @@ MEMORY_PROGRAM = """
 import json, os, sys
 from accelerate import init_empty_weights, load_checkpoint_and_dispatch
 from transformers import LlamaConfig, LlamaForCausalLM
-from nbtools.bigmodel import seed_device_map
+from nbtools.bigmodel import quickstart_device_map
 from nbtools.memory import PeakRAM, release_freed_memory, tensor_bytes
 ckpt = sys.argv[1]
 config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=20,
@@ -206,7 +207,7 @@ if not os.path.exists(os.path.join(ckpt, "config.json")):
 out["checkpoint_bytes"] = sum(os.path.getsize(os.path.join(ckpt, f)) for f in os.listdir(ckpt) if f.endswith(".safetensors"))
 release_freed_memory()
 with PeakRAM() as peak:
-    loaded = load_checkpoint_and_dispatch(skeleton, checkpoint=ckpt, device_map=seed_device_map("cpu", "disk", 20),
+    loaded = load_checkpoint_and_dispatch(skeleton, checkpoint=ckpt, device_map=quickstart_device_map("cpu", "disk", 20),
                                           offload_folder=os.path.join(ckpt, "offload"))
 out["dispatch_rss_growth"] = peak.rss_peak
 out["dispatch_private_growth"] = peak.private_peak

@@ -3,7 +3,7 @@
 - ``program_config``: the ``LlamaConfig(...)`` keywords of a ``python -c`` program, so a check can
   derive what to expect from the config the program really used.
 - ``llama_param_count``: parameters of ``LlamaForCausalLM`` from its config alone.
-- ``split_targets`` / ``seed_device_map``: the quick-start's "first half / second half" map on the
+- ``split_targets`` / ``quickstart_device_map``: the quick-start's "first half / second half" map on the
   devices of this machine (two accelerators; one accelerator + CPU RAM; CPU RAM + disk).
 - ``adapt_dispatch``: the quick-start's dispatch program with that map (what really runs here, and why).
 - ``weights_shown_on``: where Accelerate leaves a module's weights for a device_map entry.
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from .errors import NbtoolsError
 
 # The quick-start's devices in its dispatch program, and the half each one holds.
-SEED_FIRST, SEED_SECOND = "npu:0", "npu:1"
+QUICKSTART_FIRST, QUICKSTART_SECOND = "npu:0", "npu:1"
 OFFLOAD_FOLDER = "offload"  # relative to the work folder, where the program runs
 
 
@@ -63,12 +63,12 @@ def llama_param_count(
     embeddings V*H + layers * (q,k,v,o projections + gate,up,down + two RMSNorms) + final norm H
     + lm_head V*H (unless tied to the embeddings).
     """
-    V, H, I, L = vocab_size, hidden_size, intermediate_size, num_hidden_layers
+    V, H, F, L = vocab_size, hidden_size, intermediate_size, num_hidden_layers
     head_dim = head_dim or H // num_attention_heads
     q = num_attention_heads * head_dim
     kv = (num_key_value_heads or num_attention_heads) * head_dim
     attention = H * q + 2 * H * kv + q * H + (q + 2 * kv + H if attention_bias else 0)
-    mlp = 3 * H * I + (2 * I + H if mlp_bias else 0)
+    mlp = 3 * H * F + (2 * F + H if mlp_bias else 0)
     return V * H + L * (attention + mlp + 2 * H) + H + (0 if tie_word_embeddings else V * H)
 
 
@@ -88,7 +88,7 @@ def split_targets(kind: str, count: int) -> tuple[str, str, str]:
     )
 
 
-def seed_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:
+def quickstart_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:
     """The quick-start's map: embeddings + first half of the layers -> first; the rest -> second."""
     half = num_layers // 2
     device_map = {"model.embed_tokens": first}
@@ -104,7 +104,7 @@ def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
     if not why:
         return program, ""
     quoted = re.findall(r"""(['"])(npu:[01])\1""", program)
-    if {d for _, d in quoted} != {SEED_FIRST, SEED_SECOND}:
+    if {d for _, d in quoted} != {QUICKSTART_FIRST, QUICKSTART_SECOND}:
         raise NbtoolsError("the program does not name both 'npu:0' and 'npu:1' as quoted device strings")
     real = re.sub(r"""(['"])npu:0\1""", lambda m: f"{m[1]}{first}{m[1]}", program)
     real = re.sub(r"""(['"])npu:1\1""", lambda m: f"{m[1]}{second}{m[1]}", real)
@@ -115,10 +115,10 @@ def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
     return real, why
 
 
-def is_seed_dispatch(program: str) -> bool:
+def is_quickstart_dispatch(program: str) -> bool:
     """Is this the quick-start's dispatch program (a load_checkpoint_and_dispatch over 'npu:0' and 'npu:1')?"""
     devices = {d for _, d in re.findall(r"""(['"])(npu:[01])\1""", program)}
-    return "load_checkpoint_and_dispatch(" in program and devices == {SEED_FIRST, SEED_SECOND}
+    return "load_checkpoint_and_dispatch(" in program and devices == {QUICKSTART_FIRST, QUICKSTART_SECOND}
 
 
 def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], str] | None:
@@ -126,7 +126,7 @@ def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], st
 
     None when ``argv`` is not that program or when it runs unchanged here (two NPUs).
     """
-    if len(argv) != 3 or argv[1] != "-c" or not is_seed_dispatch(argv[2]):
+    if len(argv) != 3 or argv[1] != "-c" or not is_quickstart_dispatch(argv[2]):
         return None
     program, why = adapt_dispatch(argv[2], kind, count)
     return ([argv[0], "-c", program], why) if why else None
@@ -215,7 +215,9 @@ def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: M
                       linewidth=1.2, label="budget - largest layer (kept free)" if dev == next(iter(reserve)) else None)
     ax.set_xticks(range(len(devices)), [f"device {d}" if d.isdigit() else d for d in devices])
     ax.set_ylabel("MB placed")
-    ax.legend(fontsize=8, loc="upper right")
+    top = max([*budgets.values(), *used.values(), 1]) / 1e6
+    ax.set_ylim(0, 1.3 * top)  # room for the legend above the budget lines
+    ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
     ax.set_title(title or "infer_auto_device_map: bytes per device against max_memory", fontsize=10)
     fig.tight_layout()
     return fig

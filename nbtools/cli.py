@@ -38,7 +38,8 @@ def _cmd_launch(args) -> int:
 
 def _cmd_run(args) -> int:
     from . import report as report_mod
-    from .runner import detect_for_kernel, discover, parse_params, run_notebooks
+    from .params import parse_params
+    from .runner import detect_for_kernel, discover, run_notebooks
 
     params = parse_params(args.param)
     notebooks = discover(args.notebooks)

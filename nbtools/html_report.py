@@ -17,7 +17,7 @@ from urllib.parse import quote
 import nbformat
 
 from .checks import check_ids
-from .runner import RunReport
+from .model import RunReport
 
 INDEX = "index.html"
 

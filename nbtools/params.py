@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import atexit
 import os
 import re
@@ -157,3 +158,126 @@ def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
     shutil.rmtree(p, ignore_errors=True)
     _CREATED.discard(p)
     return f"work folder removed: {p}"
+
+
+# --- notebook parameters: what a notebook declares, and `-p NAME=VALUE` converted by its defaults ---
+
+_NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by
+
+
+def _parameters_cell(nb):
+    for cell in nb.cells:
+        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
+            return cell
+    return None
+
+
+def _assignments(source: str):
+    """(name, value node) of each top-level ``name = value`` / ``name: type = value``."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return
+    for node in tree.body:
+        if isinstance(node, ast.Assign):
+            for t in node.targets:
+                if isinstance(t, ast.Name):
+                    yield t.id, node.value
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            yield node.target.id, node.value
+
+
+def declared_parameters(nb) -> dict:
+    """Names and default source of the `parameters` cell, read without executing it."""
+    cell = _parameters_cell(nb)
+    return {name: ast.unparse(value) for name, value in _assignments(cell.source)} if cell else {}
+
+
+def parameter_defaults(nb) -> dict:
+    """Name -> default value of the `parameters` cell (``_NO_DEFAULT`` where it is no literal)."""
+    cell = _parameters_cell(nb)
+    out = {}
+    for name, value in _assignments(cell.source) if cell else ():
+        try:
+            out[name] = ast.literal_eval(value)
+        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+            out[name] = _NO_DEFAULT
+    return out
+
+
+def _parse_value(text: str):
+    """A value whose default gives no type (None, an expression, a list): YAML, as papermill's CLI does."""
+    import yaml
+
+    if not text.strip():
+        return ""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def parse_params(items: list[str] | None) -> dict:
+    """``-p NAME=VALUE`` items -> {NAME: "VALUE"}: the text as typed; each notebook converts it
+    by the type of its own default (``convert_parameter``)."""
+    params = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ParameterError(f"-p {item!r}: expected NAME=VALUE (e.g. -p num_processes=2)")
+        name, value = item.split("=", 1)
+        name = name.strip()
+        if not name.isidentifier():
+            raise ParameterError(f"-p {item!r}: {name!r} is not a parameter name (e.g. -p num_processes=2)")
+        params[name] = value
+    return params
+
+
+TRUE_WORDS = ("true", "1", "yes")
+FALSE_WORDS = ("false", "0", "no")
+
+
+def convert_parameter(name: str, value, default, notebook: str = ""):
+    """The value to inject for ``name``, converted by the type of the notebook's default.
+
+    str default: the text as is (``accelerate_ref=1.10`` stays "1.10", ``work_dir=~`` is "~");
+    bool: true/false/1/0/yes/no (any case); int; float. A default of another type (None, a
+    list, an expression): YAML. A value that is not text (the Python API) passes unchanged.
+    Raises ParameterError naming the parameter, its default's type and the value.
+    """
+    if not isinstance(value, str):
+        return value
+    where = f" in {notebook}" if notebook else ""
+
+    def refuse(accepted: str):
+        return ParameterError(
+            f"-p {name}={value!r}: the default of {name}{where} is {default!r} ({type(default).__name__}), "
+            f"and {value!r} is not {accepted}"
+        )
+
+    text = value.strip()
+    if isinstance(default, bool):
+        if text.lower() in TRUE_WORDS:
+            return True
+        if text.lower() in FALSE_WORDS:
+            return False
+        raise refuse("a bool (accepted: true/false, 1/0, yes/no, any case)")
+    if isinstance(default, int):
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise refuse("an int (e.g. 2)") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise refuse("a number (e.g. 0.5)") from None
+    if isinstance(default, str):
+        return value
+    return _parse_value(value)
+
+
+def convert_parameters(parameters: dict, defaults: dict, notebook: str = "") -> dict:
+    """The parameters this notebook declares, each converted by the notebook's own default."""
+    return {
+        k: convert_parameter(k, v, defaults[k], notebook) for k, v in parameters.items() if k in defaults
+    }

@@ -12,30 +12,10 @@ from dataclasses import asdict
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from .runner import RunReport, strip_ansi
+from .model import RunReport, status_counts, strip_ansi
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def status_counts(report: RunReport) -> dict:
-    """{"checks": {status: n}, "notebooks": {status: n}, "junit": {tests, failures, skipped}}."""
-    checks: dict[str, int] = {}
-    for c in report.checks:
-        checks[c.status] = checks.get(c.status, 0) + 1
-    notebooks: dict[str, int] = {}
-    for n in report.notebooks:
-        notebooks[n.status] = notebooks.get(n.status, 0) + 1
-    failures = sum(v for k, v in notebooks.items() if k != "passed") + checks.get("failed", 0) + checks.get("missing", 0)
-    return {
-        "checks": dict(sorted(checks.items())),
-        "notebooks": dict(sorted(notebooks.items())),
-        "junit": {
-            "tests": len(report.notebooks) + len(report.checks),
-            "failures": failures,
-            "skipped": checks.get("skipped", 0),
-        },
-    }
 
 
 def summary_line(report: RunReport, counts: dict | None = None) -> str:

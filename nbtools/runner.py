@@ -17,7 +17,6 @@
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -29,7 +28,6 @@ import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -37,8 +35,9 @@ import nbformat
 from .checks import SEED_CHECKS, VERDICT, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import NbtoolsError, ParameterError
+from .model import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
+from .params import convert_parameters, declared_parameters, parameter_defaults
 
-DEFAULT_KERNEL = "python3"
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
 # What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
@@ -48,46 +47,6 @@ KERNEL_ENV = {"NBTOOLS_UNATTENDED": "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF
 KERNEL_LOG = "{stem}.kernel.log"  # in the output dir: the kernel process' own stdout/stderr
 STOP_GRACE_S = 4.0  # after a stop signal: time for the interrupted cell to stop its launches
 SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
-
-
-@dataclass
-class NotebookResult:
-    path: str
-    status: str  # passed / failed / not-run
-    duration_s: float = 0.0
-    error: str = ""
-    output: str = ""  # executed notebook, relative to the output dir
-    kernel_log: str = ""  # the kernel process' own output, relative to the output dir
-    parameters: dict = field(default_factory=dict)  # what was injected, converted for this notebook
-
-
-@dataclass
-class CheckResult:
-    id: str
-    status: str  # passed / failed / skipped / missing
-    notebook: str = ""
-    reason: str = ""
-    seed: bool = False
-
-
-@dataclass
-class RunReport:
-    device: dict
-    notebooks: list[NotebookResult] = field(default_factory=list)
-    checks: list[CheckResult] = field(default_factory=list)
-    parameters: dict = field(default_factory=dict)
-    started: str = ""
-    duration_s: float = 0.0
-    kernel: str = DEFAULT_KERNEL
-    stopped_by: str = ""  # "SIGINT" / "SIGTERM" / "SIGHUP" when a signal stopped the run
-
-    @property
-    def ok(self) -> bool:
-        return (
-            not self.stopped_by
-            and all(n.status == "passed" for n in self.notebooks)
-            and all(c.status in ("passed", "skipped") for c in self.checks)
-        )
 
 
 def default_notebooks_dir() -> Path:
@@ -112,49 +71,6 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     if not found:
         raise ParameterError(f"no notebooks found in {', '.join(paths)}")
     return [p.resolve() for p in found]
-
-
-_NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by
-
-
-def _parameters_cell(nb):
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            return cell
-    return None
-
-
-def _assignments(source: str):
-    """(name, value node) of each top-level ``name = value`` / ``name: type = value``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    yield t.id, node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            yield node.target.id, node.value
-
-
-def declared_parameters(nb) -> dict:
-    """Names and default source of the `parameters` cell, read without executing it."""
-    cell = _parameters_cell(nb)
-    return {name: ast.unparse(value) for name, value in _assignments(cell.source)} if cell else {}
-
-
-def parameter_defaults(nb) -> dict:
-    """Name -> default value of the `parameters` cell (``_NO_DEFAULT`` where it is no literal)."""
-    cell = _parameters_cell(nb)
-    out = {}
-    for name, value in _assignments(cell.source) if cell else ():
-        try:
-            out[name] = ast.literal_eval(value)
-        except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            out[name] = _NO_DEFAULT
-    return out
 
 
 def _cell_verdict(cell, check_id: str) -> tuple[str, str]:
@@ -191,14 +107,6 @@ def unexecuted_cells(nb) -> list[int]:
     ]
 
 
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without terminal escape sequences (colours, cursor moves, OSC titles)."""
-    return _ANSI.sub("", text)
-
-
 def _error_summary(exc: BaseException) -> str:
     ename = getattr(exc, "ename", None)
     if ename:
@@ -208,84 +116,6 @@ def _error_summary(exc: BaseException) -> str:
         return " ".join([f"{ename}: {evalue[0] if evalue else ''}", *fixes, f"(cell In[{cell}])"])
     lines = strip_ansi(str(exc)).strip().splitlines()
     return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
-
-
-def _parse_value(text: str):
-    """A value whose default gives no type (None, an expression, a list): YAML, as papermill's CLI does."""
-    import yaml
-
-    if not text.strip():
-        return ""
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
-        return text
-
-
-def parse_params(items: list[str] | None) -> dict:
-    """``-p NAME=VALUE`` items -> {NAME: "VALUE"}: the text as typed; each notebook converts it
-    by the type of its own default (``convert_parameter``)."""
-    params = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ParameterError(f"-p {item!r}: expected NAME=VALUE (e.g. -p num_processes=2)")
-        name, value = item.split("=", 1)
-        name = name.strip()
-        if not name.isidentifier():
-            raise ParameterError(f"-p {item!r}: {name!r} is not a parameter name (e.g. -p num_processes=2)")
-        params[name] = value
-    return params
-
-
-TRUE_WORDS = ("true", "1", "yes")
-FALSE_WORDS = ("false", "0", "no")
-
-
-def convert_parameter(name: str, value, default, notebook: str = ""):
-    """The value to inject for ``name``, converted by the type of the notebook's default.
-
-    str default: the text as is (``accelerate_ref=1.10`` stays "1.10", ``work_dir=~`` is "~");
-    bool: true/false/1/0/yes/no (any case); int; float. A default of another type (None, a
-    list, an expression): YAML. A value that is not text (the Python API) passes unchanged.
-    Raises ParameterError naming the parameter, its default's type and the value.
-    """
-    if not isinstance(value, str):
-        return value
-    where = f" in {notebook}" if notebook else ""
-
-    def refuse(accepted: str):
-        return ParameterError(
-            f"-p {name}={value!r}: the default of {name}{where} is {default!r} ({type(default).__name__}), "
-            f"and {value!r} is not {accepted}"
-        )
-
-    text = value.strip()
-    if isinstance(default, bool):
-        if text.lower() in TRUE_WORDS:
-            return True
-        if text.lower() in FALSE_WORDS:
-            return False
-        raise refuse("a bool (accepted: true/false, 1/0, yes/no, any case)")
-    if isinstance(default, int):
-        try:
-            return int(text, 10)
-        except ValueError:
-            raise refuse("an int (e.g. 2)") from None
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            raise refuse("a number (e.g. 0.5)") from None
-    if isinstance(default, str):
-        return value
-    return _parse_value(value)
-
-
-def convert_parameters(parameters: dict, defaults: dict, notebook: str = "") -> dict:
-    """The parameters this notebook declares, each converted by the notebook's own default."""
-    return {
-        k: convert_parameter(k, v, defaults[k], notebook) for k, v in parameters.items() if k in defaults
-    }
 
 
 # --- the kernel: its interpreter, its environment, its log, and how it is stopped ----------

@@ -76,8 +76,8 @@ def test_llama_param_count_matches_transformers(cfg):
     assert bigmodel.llama_param_count(**cfg) == sum(p.numel() for p in model.parameters())
 
 
-def test_seed_device_map_halves_the_layers():
-    m = bigmodel.seed_device_map("a", "b", num_layers=20)
+def test_quickstart_device_map_halves_the_layers():
+    m = bigmodel.quickstart_device_map("a", "b", num_layers=20)
     assert list(m)[0] == "model.embed_tokens" and list(m)[-2:] == ["model.norm", "lm_head"]
     assert [m[f"model.layers.{i}"] for i in range(20)] == ["a"] * 10 + ["b"] * 10
     assert len(m) == 23
@@ -90,7 +90,7 @@ def test_seed_device_map_halves_the_layers():
 )
 def test_adapt_dispatch_builds_the_same_split_on_this_machine(kind, count, first, second):
     real, why = bigmodel.adapt_dispatch(DISPATCH, kind, count)
-    assert _exec_map(real) == bigmodel.seed_device_map(first, second)
+    assert _exec_map(real) == bigmodel.quickstart_device_map(first, second)
     assert (why == "") == (kind == "npu" and count >= 2)
     assert (real == DISPATCH) == (kind == "npu" and count >= 2)
     assert ("offload_folder='offload'" in real) == (second == "disk")
@@ -103,11 +103,11 @@ def test_adapt_dispatch_refuses_a_program_without_the_two_devices():
 
 
 def test_weights_shown_on_offloaded_targets_is_meta():
-    cpu_disk = bigmodel.seed_device_map("cpu", "disk")
-    one_card = bigmodel.seed_device_map("npu:0", "cpu")
+    cpu_disk = bigmodel.quickstart_device_map("cpu", "disk")
+    one_card = bigmodel.quickstart_device_map("npu:0", "cpu")
     assert [bigmodel.weights_shown_on(t, cpu_disk) for t in ("cpu", "disk")] == ["cpu", "meta"]
     assert [bigmodel.weights_shown_on(t, one_card) for t in ("npu:0", "cpu")] == ["npu:0", "meta"]
-    assert bigmodel.weights_shown_on("npu:1", bigmodel.seed_device_map("npu:0", "npu:1")) == "npu:1"
+    assert bigmodel.weights_shown_on("npu:1", bigmodel.quickstart_device_map("npu:0", "npu:1")) == "npu:1"
 
 
 def test_dispatch_rule_applies_to_the_dispatch_program_only():
@@ -122,9 +122,9 @@ def test_dispatch_rule_applies_to_the_dispatch_program_only():
 
 
 def test_program_device_map_runs_only_the_map_lines():
-    assert bigmodel.program_device_map(DISPATCH) == bigmodel.seed_device_map("npu:0", "npu:1")
+    assert bigmodel.program_device_map(DISPATCH) == bigmodel.quickstart_device_map("npu:0", "npu:1")
     real, _ = bigmodel.adapt_dispatch(DISPATCH, "cpu", 0)
-    assert bigmodel.program_device_map(real) == bigmodel.seed_device_map("cpu", "disk")
+    assert bigmodel.program_device_map(real) == bigmodel.quickstart_device_map("cpu", "disk")
     with pytest.raises(NbtoolsError):
         bigmodel.program_device_map("python -c \"print(1)\"")
 
@@ -132,7 +132,7 @@ def test_program_device_map_runs_only_the_map_lines():
 def test_pictures_draw_from_the_numbers_given():
     matplotlib = pytest.importorskip("matplotlib")
     matplotlib.use("Agg")
-    fig = bigmodel.draw_device_map(bigmodel.seed_device_map("cpu", "disk"))
+    fig = bigmodel.draw_device_map(bigmodel.quickstart_device_map("cpu", "disk"))
     assert len(fig.axes[0].patches) == 23
     used = {"0": 65_000_000, "1": 126_000_000, "cpu": 63_000_000, "disk": 87_000_000}
     budgets = {"0": 136_000_000, "1": 136_000_000, "cpu": 136_000_000}

@@ -11,8 +11,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from nbtools import html_report
+from nbtools.model import CheckResult, NotebookResult, RunReport
 from nbtools.report import write_all
-from nbtools.runner import CheckResult, NotebookResult, RunReport
 
 CPU = {
     "kind": "cpu",
