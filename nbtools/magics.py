@@ -13,6 +13,7 @@ Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result
 from __future__ import annotations
 
 import re
+import shlex
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
@@ -51,6 +52,27 @@ def expand_fields(text: str, namespace: dict) -> str:
         return str(value)
 
     return _FIELD.sub(sub, text)
+
+
+def expand_outside_program(text: str, namespace: dict) -> str:
+    """``expand_fields`` everywhere except inside the program of ``python -c "<program>"``.
+
+    A program's own f-strings (``f'device={dev}'``) must reach Python as written, even when the
+    notebook happens to define a variable of the same name.
+    """
+    try:
+        words = shlex.split(text, posix=False)  # keeps each word's quotes, as it appears in ``text``
+    except ValueError:
+        return expand_fields(text, namespace)
+    for i, word in enumerate(words[:-1]):
+        if word == "-c" and i >= 1 and words[i - 1].rsplit("/", 1)[-1].startswith("python"):
+            program = words[i + 1]
+            start = text.find(program, text.find("-c"))
+            if start < 0:
+                break
+            end = start + len(program)
+            return expand_fields(text[:start], namespace) + program + expand_fields(text[end:], namespace)
+    return expand_fields(text, namespace)
 
 
 def _finish(result: Result, written: commands.Written) -> Result:
@@ -129,7 +151,7 @@ class CommandMagics(Magics):
         options = " ".join(words)
         if options and not options.startswith("--"):
             raise ParameterError(f"%%cmd {line.strip()!r}: expected `%%cmd [--timeout S] [--allow-fail] [--online] NAME`")
-        body = expand_fields(cell, self.shell.user_ns)
+        body = expand_outside_program(cell, self.shell.user_ns)
         result = run_command(f"{options} {body}" if options else body)
         if name:
             self.shell.user_ns[name] = result

@@ -282,3 +282,14 @@ def test_setup_rejects_bad_parameters(tmp_path, monkeypatch):
     with pytest.raises(ParameterError, match="device"):
         nbtools.setup(device="tpu", info=info(CPU))
     assert Path.cwd() == tmp_path and os.getcwd() == str(tmp_path)
+
+
+def test_a_cell_program_keeps_its_own_braces_even_when_the_notebook_defines_the_name():
+    from nbtools.magics import expand_outside_program
+
+    ns = {"i": 5, "timeout_s": 9}
+    body = '--timeout {timeout_s} python -c "\nfor i in range(2):\n    print(f\'x={i}\')\n" --flag={i}'
+    out = expand_outside_program(body, ns)
+    assert out.startswith("--timeout 9 python -c")
+    assert "print(f'x={i}')" in out, out  # the program reaches Python as written
+    assert out.endswith("--flag=5"), out  # outside the program, fields are expanded
