@@ -167,13 +167,15 @@ def test_cmd_cell_form_runs_a_multi_line_python_c(ip):
         d = {'k': 1}
         print(f'args={len(sys.argv)} d={len(d)}')
         print('n={num_processes}')
+        print('arg=' + sys.argv[1])
         " \\
-          one-arg
+          n{num_processes}
         '''
     )
     assert run_cell(ip, source) is None
     r = ip.user_ns["r_multi"]
-    assert r.kv == {"args": "2", "d": "1", "n": "3"}, r.output  # f-string braces kept, {num_processes} expanded
+    # the program reaches Python as written (its braces are its own); outside it, {num_processes} is expanded
+    assert r.kv == {"args": "2", "d": "1", "n": "{num_processes}", "arg": "n3"}, r.output
 
 
 def test_a_failing_command_raises_and_allow_fail_returns(ip):
