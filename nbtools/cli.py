@@ -68,7 +68,7 @@ def _cmd_run(args) -> int:
 def _cmd_ps(args) -> int:
     from .ps import main as ps_main
 
-    return ps_main(kill=args.kill)
+    return ps_main(kill=args.kill, wanted=args.which)
 
 
 def _cmd_check(args) -> int:
@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     ps = sub.add_parser("ps", help="list launches nbtools started that are still running (--kill stops them)")
     ps.add_argument("--kill", action="store_true", help="stop every listed launch with all its processes")
+    ps.add_argument(
+        "which", nargs="*", metavar="LAUNCH_ID_OR_PID", help="only these launches: an id, or a pid of one of its processes or of its starter (default: all)"
+    )
     ps.set_defaults(func=_cmd_ps)
 
     de = sub.add_parser("detect", help="print what this machine is and how a real N-process group starts here")

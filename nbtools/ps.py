@@ -141,8 +141,21 @@ def npu_processes(timeout: float = 20) -> str | None:
     return "\n".join(lines[start - 1 :] if start else lines)
 
 
-def main(kill: bool = False, out=print) -> int:
-    launches = find()
+def select(launches: list[Launch], wanted=()) -> list[Launch]:
+    """The launches named by id, by their starter's pid, or by the pid of any of their processes."""
+    if not wanted:
+        return launches
+    keys = {str(w) for w in wanted}
+    return [
+        g
+        for g in launches
+        if g.id in keys or str(g.starter_pid) in keys or any(str(p.pid) in keys for p in g.processes)
+    ]
+
+
+def main(kill: bool = False, out=print, wanted=()) -> int:
+    """List (and with ``kill`` stop) the live launches; ``wanted``: only these ids / pids (default: all)."""
+    launches = select(find(), wanted)
     out(render(launches))
     table = npu_processes()
     if table is not None:
