@@ -27,6 +27,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .commands import executable
 from .device import LaunchPlan
 from .errors import LaunchError, LaunchTimeout
 from .expected import parse_kv
@@ -116,17 +117,6 @@ def announce(real: str, written: str | None = None, why: str = "") -> str:
         return f"$ {real}\n"
     text = f"$ {written}\n# runs here as: {real}\n"
     return text + (f"# why: {why}\n" if why else "")
-
-
-def _executable(name: str) -> str:
-    """Prefer the tool installed beside this interpreter (the kernel's venv), then PATH."""
-    local = Path(sys.executable).with_name(name)
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if not found:
-        raise LaunchError(f"`{name}` is not installed in this environment ({sys.executable}); `pip install {name}`")
-    return found
 
 
 def run(
@@ -487,7 +477,7 @@ def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, uns
     """Run the launch; on a taken port retry on another, on a gloo teardown abort retry once."""
     echo = run_kw["echo"]
     num_processes = plan.num_processes
-    base_argv = [_executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
+    base_argv = [executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
     shown_base = ["accelerate", "launch", *plan.flags, "--mixed_precision", mixed_precision]
     tries = 3
     retried_abort = False

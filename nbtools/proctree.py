@@ -10,7 +10,6 @@ then SIGKILL to whatever of the known tree is still alive.
 
 from __future__ import annotations
 
-import os
 import signal
 
 import psutil
@@ -50,28 +49,30 @@ class ProcessTree:
         return out
 
     def stop(self, grace: float = 5.0) -> list[int]:
-        """Stop the whole tree; returns the pids that had to be killed with SIGKILL."""
+        """Stop the whole tree; returns the pids that had to be killed with SIGKILL.
+
+        Only processes still alive are signalled (psutil checks that a pid was not reused), never
+        a process group by a number that may since belong to someone else.
+        """
         self.refresh()
         if self.root is not None:
-            _signal(self.root, signal.SIGTERM)
-        for proc in self.alive():
-            if proc.pid != self.root_pid:
-                _signal(proc, signal.SIGTERM)
-        _, still = psutil.wait_procs(self.alive(), timeout=grace)
-        killed = []
-        for proc in still:
-            if _signal(proc, signal.SIGKILL):
-                killed.append(proc.pid)
-        try:
-            os.killpg(self.root_pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError, OSError):
-            pass
-        psutil.wait_procs(still, timeout=2.0)
-        return killed
+            _signal(self.root, signal.SIGTERM)  # the launcher first: its agent ends its workers cleanly
+        return terminate_then_kill(self.alive(), grace)
 
     def leftovers(self) -> list[psutil.Process]:
         """Known descendants (not the launcher) still alive after the launcher ended."""
         return [p for p in self.alive() if p.pid != self.root_pid]
+
+
+def terminate_then_kill(procs, grace: float = 5.0, kill_wait: float = 3.0) -> list[int]:
+    """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL."""
+    procs = list(procs)
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    _, still = psutil.wait_procs(procs, timeout=grace)
+    killed = [p.pid for p in still if _signal(p, signal.SIGKILL)]
+    psutil.wait_procs(still, timeout=kill_wait)
+    return killed
 
 
 def _signal(proc: psutil.Process, sig: int) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from .launcher import GUARD, MARKER_ENV, STOP_GRACE_S
+from .proctree import terminate_then_kill
 
 
 @dataclass
@@ -112,19 +113,9 @@ def stop(launches: list[Launch], grace: float = STOP_GRACE_S) -> list[int]:
         except psutil.Error:
             pass
     _, alive = psutil.wait_procs(procs, timeout=grace + 3 if guardians else 0.1)
-    for p in alive:  # no guardian (it was killed), or it could not stop them: terminate, then kill
-        try:
-            p.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=grace)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(alive, timeout=3)
-    return [p.pid for p in alive]
+    # No guardian (it was killed), or it could not stop them: terminate, then kill.
+    terminate_then_kill(alive, grace)
+    return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
 def npu_processes(timeout: float = 20) -> str | None:

@@ -37,6 +37,7 @@ from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import NbtoolsError, ParameterError
 from .model import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
 from .params import convert_parameters, declared_parameters, parameter_defaults
+from .proctree import terminate_then_kill
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
@@ -349,25 +350,12 @@ class _Stopper:
 
     def finish(self) -> list[int]:
         """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive. Returns those pids."""
-        import psutil
-
         self._done.set()
         self.restore()
         if self.signum is None:
             return []
         alive = [p for p in self.known.values() if _alive(p)]
-        for p in alive:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-        _, still = psutil.wait_procs(alive, timeout=6.0)
-        for p in still:
-            try:
-                p.kill()
-            except psutil.Error:
-                pass
-        psutil.wait_procs(still, timeout=2.0)
+        terminate_then_kill(alive, grace=6.0, kill_wait=2.0)
         return [p.pid for p in alive]
 
 
