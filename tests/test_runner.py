@@ -419,14 +419,14 @@ def test_kernel_probe_uses_the_kernels_interpreter_other_venv(tmp_path):
 
 
 def test_ps_subcommand_calls_nbtools_ps(monkeypatch):
-    """`python -m nbtools ps [--kill]` hands over to nbtools.ps.main(kill=...), imported only when used."""
+    """`python -m nbtools ps [--kill] [ID|PID ...]` hands over to nbtools.ps.main, imported only when used."""
     import types
 
     from nbtools import cli
 
     calls = []
     fake = types.ModuleType("nbtools.ps")
-    fake.main = lambda kill=False: calls.append(kill) or 0
+    fake.main = lambda kill=False, wanted=(): calls.append((kill, list(wanted))) or 0
     monkeypatch.setitem(sys.modules, "nbtools.ps", fake)
-    assert cli.main(["ps"]) == 0 and cli.main(["ps", "--kill"]) == 0
-    assert calls == [False, True]
+    assert cli.main(["ps"]) == 0 and cli.main(["ps", "--kill"]) == 0 and cli.main(["ps", "--kill", "123", "ab"]) == 0
+    assert calls == [(False, []), (True, []), (True, ["123", "ab"])]
