@@ -12,10 +12,11 @@ from .checks import SEED_CHECKS, passed, skipped
 from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect
 from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
-from .expected import assert_matches, editable, installed, match, parse_kv, public_version, same_version
+from .expected import assert_matches, match, parse_kv
 from .launcher import Result, accelerate_launch, free_port, run
 from .params import cleanup, validate, work_dir
 from .session import Session, setup
+from .versions import editable, installed, public_version, same_version
 
 __version__ = "0.1.0"
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import re
 
+from .errors import ParameterError
+
 # The quick-start's 12 checked commands, in order.
 SEED_CHECKS = (
     "check-py",
@@ -43,6 +45,6 @@ def passed(check_id: str, detail: str = "") -> None:
 
 def skipped(check_id: str, reason: str) -> None:
     """Print the verdict line of a check that cannot run here, with the reason recorded in the report."""
-    if not reason:
-        raise ValueError("a skip needs its reason")
+    if not reason or not reason.strip():
+        raise ParameterError(f"skipped({check_id!r}, ...): a skip needs its reason, recorded in the report")
     print(f"[check] SKIPPED {check_id} -- {reason}")

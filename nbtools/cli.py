@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("folder", nargs="?")
     c.set_defaults(func=_cmd_check)
 
-    d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the seed's matrix")
+    d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the quick-start's versions")
     d.set_defaults(func=_cmd_doctor)
 
     ps = sub.add_parser("ps", help="list launches nbtools started that are still running (--kill stops them)")

@@ -18,10 +18,10 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from importlib import metadata
 from pathlib import Path
 
 from .errors import DeviceError
+from .versions import installed
 
 KINDS = ("npu", "cuda", "cpu")
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
@@ -225,13 +225,6 @@ def _visible_list(value: str | None, count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def _pkg_version(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-
-
 def run_probe(python: str | None = None, timeout: float = 120) -> dict:
     """Run the probe in a child interpreter and return its answers."""
     env = dict(os.environ)
@@ -257,11 +250,11 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
     environ = os.environ if environ is None else environ
     versions = {
         "python": probe.get("python") or sys.version.split()[0],
-        "torch": probe.get("torch") or _pkg_version("torch"),
-        "torch_npu": probe.get("torch_npu") or _pkg_version("torch-npu") or _pkg_version("torch_npu"),
+        "torch": probe.get("torch") or installed("torch"),
+        "torch_npu": probe.get("torch_npu") or installed("torch-npu") or installed("torch_npu"),
         "cann": probe.get("cann"),
-        "accelerate": _pkg_version("accelerate"),
-        "transformers": _pkg_version("transformers"),
+        "accelerate": installed("accelerate"),
+        "transformers": installed("transformers"),
     }
     problems: list[Problem] = []
     err = probe.get("torch_error") or probe.get("torch_npu_error") or probe.get("probe_error")
@@ -331,7 +324,7 @@ def _probe_cache_file(python: str) -> Path:
     key = json.dumps(
         [
             os.path.realpath(python),
-            [_pkg_version(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
+            [installed(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
             [os.environ.get(v) for v in _PROBE_KEY_VARS],
         ]
     )

@@ -1,27 +1,40 @@
-"""`python -m nbtools doctor`: the setup against the seed's version matrix, each problem with its fix."""
+"""`python -m nbtools doctor`: the setup against the quick-start's versions, each problem with its fix."""
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import metadata
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
 from .device import CANN_FIX, DeviceInfo, detect
+from .versions import installed
 
-# What the quick-start was validated with (its version table).
-SEED_MATRIX = {
-    "python": "3.12",
-    "cann": "9.1.0",
-    "torch": "2.9.0",
-    "torch_npu": "2.9.0.post2",
-    "transformers": "<5.0",
-    "accelerate": "latest release",
-}
+REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
+
+
+def quickstart_matrix(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
+    """What the quick-start was validated with, read from requirements-npu.txt (its one copy):
+    the ``name==version`` pins and the ``# quick-start: name version`` lines. Empty when the file
+    is not there (an install that is not a checkout)."""
+    matrix: dict[str, str] = {}
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return matrix
+    for line in lines:
+        m = re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*$", line) or re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line)
+        if m:
+            matrix[m.group(1).lower().replace("-", "_")] = m.group(2)
+    return matrix
+
+
+QUICKSTART = quickstart_matrix()
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 
 
@@ -31,13 +44,6 @@ class Row:
     found: str
     status: str
     note: str = ""
-
-
-def _ver(name: str) -> str | None:
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
 
 
 def _major_minor(v: str | None) -> tuple[int, ...]:
@@ -71,9 +77,9 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     rows: list[Row] = []
     py = sys.version_info
     if py < (3, 9):
-        rows.append(Row("python", v["python"], FAIL, "Python >= 3.9 is needed; the seed used 3.12"))
-    elif (py.major, py.minor) != (3, 12):
-        rows.append(Row("python", v["python"], INFO, "the seed was validated with 3.12; other 3.9+ versions work"))
+        rows.append(Row("python", v["python"], FAIL, "Python >= 3.9 is needed"))
+    elif f"{py.major}.{py.minor}" != QUICKSTART.get("python"):
+        rows.append(Row("python", v["python"], INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; other 3.9+ versions work"))
     else:
         rows.append(Row("python", v["python"], OK))
     for p in info.problems:
@@ -83,8 +89,9 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
         rows.append(Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: pip install -r requirements-npu.txt"))
     else:
         on_npu = bool(v.get("torch_npu"))
-        status = WARN if on_npu and _major_minor(torch_v) != _major_minor(SEED_MATRIX["torch"]) else OK
-        rows.append(Row("torch", torch_v, status, f"seed: {SEED_MATRIX['torch']}" if status != OK else ""))
+        want = QUICKSTART.get("torch")
+        status = WARN if on_npu and want and _major_minor(torch_v) != _major_minor(want) else OK
+        rows.append(Row("torch", torch_v, status, f"quick-start: {want}" if status != OK else ""))
     npu_v = v.get("torch_npu")
     if npu_v:
         if torch_v and _major_minor(npu_v) != _major_minor(torch_v):
@@ -98,14 +105,16 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
                 )
             )
         else:
-            rows.append(Row("torch_npu", npu_v, OK if npu_v == SEED_MATRIX["torch_npu"] else INFO, f"seed: {SEED_MATRIX['torch_npu']}"))
+            want = QUICKSTART.get("torch_npu", "unknown")
+            rows.append(Row("torch_npu", npu_v, OK if npu_v == want else INFO, f"quick-start: {want}"))
     elif shutil.which("npu-smi"):
         rows.append(Row("torch_npu", "not installed", FAIL, "npu-smi is here but torch_npu is not: pip install -r requirements-npu.txt"))
     else:
         rows.append(Row("torch_npu", "not installed", INFO, "no Ascend NPU software here; the series runs on CUDA or CPU"))
     if info.kind == "npu":
         cann = v.get("cann") or "unknown"
-        rows.append(Row("CANN", cann, OK if cann.startswith(SEED_MATRIX["cann"]) else INFO, f"seed: {SEED_MATRIX['cann']}"))
+        want = QUICKSTART.get("cann", "unknown")
+        rows.append(Row("CANN", cann, OK if cann.startswith(want) else INFO, f"quick-start: {want}"))
     elif npu_v:
         rows.append(Row("CANN", "not loaded", WARN, CANN_FIX))
     if info.kind == "cpu":
@@ -118,14 +127,14 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
             status, note = WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'"
         rows.append(Row("devices", f"{info.kind.upper()} x{info.count} ({names})", status, note))
     for pkg, need in (("accelerate", None), ("transformers", "<5.0"), ("papermill", None), ("nbclient", None), ("ipykernel", None)):
-        ver = _ver(pkg)
+        ver = installed(pkg)
         if not ver:
             rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements.txt"))
         elif need == "<5.0" and _major_minor(ver) >= (5,):
-            rows.append(Row(pkg, ver, WARN, "the seed was validated with transformers<5.0: pip install 'transformers<5'"))
+            rows.append(Row(pkg, ver, WARN, "the quick-start was validated with transformers<5.0: pip install 'transformers<5'"))
         else:
             rows.append(Row(pkg, ver, OK))
-    if not _ver("ipywidgets"):
+    if not installed("ipywidgets"):
         rows.append(Row("ipywidgets", "not installed", WARN, "JupyterLab shows a TqdmWarning box without it: pip install ipywidgets"))
     cfg = accelerate_config_path()
     if cfg and os.path.exists(cfg):

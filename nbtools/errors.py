@@ -28,4 +28,4 @@ class LaunchTimeout(LaunchError):
 
 
 class OutputMismatch(NbtoolsError, AssertionError):
-    """An output did not match its expected block (the seed's `xxx` / `...` rules)."""
+    """An output did not match its expected block (the quick-start's `xxx` / `...` rules)."""

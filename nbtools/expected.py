@@ -1,4 +1,4 @@
-"""Compare an output with an expected block, using the seed's doc-test rules.
+"""Compare an output with an expected block, using the quick-start's doc-test rules.
 
 - ``xxx`` inside an expected line matches any text within that line;
 - a line that is exactly ``...`` matches any number of lines (zero included);
@@ -66,7 +66,7 @@ class Match:
 
 
 def match(expected: str, actual: str) -> Match:
-    """Does ``actual`` match the ``expected`` block (seed rules)? Returns a truthy/falsy Match."""
+    """Does ``actual`` match the ``expected`` block (the quick-start's rules)? Returns a truthy/falsy Match."""
     exp = _lines(expected, drop_blank=True)
     act = _lines(actual, drop_blank=True)
     rx = [None if ln.strip() == ANY_LINES else _line_regex(ln) for ln in exp]
@@ -120,50 +120,3 @@ def parse_kv(text: str) -> dict[str, str]:
         if m:
             out[m.group(1)] = m.group(2)
     return out
-
-
-def public_version(version: str) -> str:
-    """The PEP 440 public version: local labels dropped (``2.14.1+cu130`` -> ``2.14.1``)."""
-    text = str(version).strip()
-    try:
-        from packaging.version import InvalidVersion, Version
-    except ImportError:  # packaging comes with accelerate; keep a plain fallback anyway
-        return text.split("+", 1)[0]
-    try:
-        return Version(text).public
-    except InvalidVersion:
-        return text.split("+", 1)[0]
-
-
-def same_version(a: str | None, b: str | None) -> bool:
-    """Do ``a`` and ``b`` name the same release? Compared by PEP 440 public version, so torch's
-    ``__version__`` ``2.14.1+cu130`` equals its distribution's ``2.14.1`` (and ``2.1.0a0+git1234``
-    equals ``2.1.0a0``); ``None`` (not installed) equals nothing."""
-    if not a or not b:
-        return False
-    return a.strip() == b.strip() or public_version(a) == public_version(b)
-
-
-def installed(distribution: str) -> str | None:
-    """The installed version of a distribution (from its metadata, no import), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def editable(distribution: str) -> bool:
-    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
-    import json
-    from importlib import metadata
-
-    try:
-        text = metadata.distribution(distribution).read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return False
-    try:
-        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable", False))
-    except ValueError:
-        return False

@@ -2,7 +2,7 @@
 
 Rules: valid nbformat 4; no outputs, execution counts or papermill metadata; kernelspec
 `python3`; exactly one `parameters` cell; no `!cmd` / `%pip` / `%%bash` (their failures do
-not fail a run: use nbtools.run); every seed check id tagged (`check:<id>`) on exactly one
+not fail a run: use nbtools.run); every quick-start check id tagged (`check:<id>`) on exactly one
 code cell across the series, and that cell prints its verdict with passed()/skipped().
 """
 
@@ -88,7 +88,7 @@ def check_series(folder: Path) -> list[str]:
         where = claims.get(cid, [])
         if len(where) != 1:
             problems.append(
-                f"seed check {cid}: tagged on {len(where)} cells ({', '.join(where) or 'none'}), expected exactly 1"
+                f"quick-start check {cid}: tagged on {len(where)} cells ({', '.join(where) or 'none'}), expected exactly 1"
             )
     for cid, where in claims.items():
         if cid not in SEED_CHECKS and len(where) != 1:

@@ -36,7 +36,7 @@ from .params import validate
 GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
 STOP_GRACE_S = 5.0  # SIGTERM first; SIGKILL whatever is still alive after this
-# The seed's doc-test engine fails a run whose output holds any of these.
+# The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 # Known symptoms in a failed launch's output, and what to do about them.

@@ -43,10 +43,7 @@ def validate(
             "the setup is broken: " + "; ".join(f"{p.what}\n  fix: {p.fix}" for p in blocking)
             + "\n(`python -m nbtools doctor` checks the whole setup)"
         )
-    try:
-        kind = info.resolve(device)
-    except DeviceError as exc:
-        raise ParameterError(f"parameter {exc}") from None
+    kind = info.resolve(device)  # DeviceError (names device=..., what is here and what to use)
     if mixed_precision is not None:
         if mixed_precision not in MIXED_PRECISIONS:
             raise ParameterError(

@@ -501,10 +501,7 @@ def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
         for p in sorted(folder.glob(SERIES_GLOB)):
             if p in notebooks:
                 continue
-            try:
-                nb = nbformat.read(p, as_version=4)
-            except Exception:
-                continue
+            nb = nbformat.read(p, as_version=4)  # an unreadable notebook is an error, not "missing" checks
             for cell in nb.cells:
                 for cid in check_ids(cell.get("metadata", {}).get("tags")):
                     others.setdefault(cid, p.name)

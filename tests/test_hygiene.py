@@ -72,7 +72,7 @@ def test_a_seed_id_tagged_twice_or_never_is_reported(copy):
     cid = next(t for t in tagged.metadata["tags"] if t in seed_tags)[len("check:"):]
     nb.cells.append(nbformat.v4.new_code_cell(f"nbtools.passed({cid!r})", metadata={"tags": [f"check:{cid}"]}))
     nbformat.write(nb, first)
-    assert any(f"seed check {cid}: tagged on 2 cells" in p for p in check_series(copy))
+    assert any(f"quick-start check {cid}: tagged on 2 cells" in p for p in check_series(copy))
     nb.cells = [c for c in nb.cells if f"check:{cid}" not in c.metadata.get("tags", [])]
     nbformat.write(nb, first)
-    assert any(f"seed check {cid}: tagged on 0 cells" in p for p in check_series(copy))
+    assert any(f"quick-start check {cid}: tagged on 0 cells" in p for p in check_series(copy))

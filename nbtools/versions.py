@@ -1,0 +1,55 @@
+"""Versions: what is installed (from metadata, no import), and PEP 440 comparison.
+
+One copy for the whole package: device detection, the doctor and the notebooks ask here.
+torch's ``__version__`` (``2.14.1+cu130``) and its distribution's version (``2.14.1``) name the
+same release; so do ``2.1.0a0+git1234`` and ``2.1.0a0``: comparisons use the public version.
+"""
+
+from __future__ import annotations
+
+
+def public_version(version: str) -> str:
+    """The PEP 440 public version: local labels dropped (``2.14.1+cu130`` -> ``2.14.1``)."""
+    text = str(version).strip()
+    try:
+        from packaging.version import InvalidVersion, Version
+    except ImportError:  # packaging comes with accelerate; keep a plain fallback anyway
+        return text.split("+", 1)[0]
+    try:
+        return Version(text).public
+    except InvalidVersion:
+        return text.split("+", 1)[0]
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    """Do ``a`` and ``b`` name the same release? Compared by PEP 440 public version, so torch's
+    ``__version__`` ``2.14.1+cu130`` equals its distribution's ``2.14.1`` (and ``2.1.0a0+git1234``
+    equals ``2.1.0a0``); ``None`` (not installed) equals nothing."""
+    if not a or not b:
+        return False
+    return a.strip() == b.strip() or public_version(a) == public_version(b)
+
+
+def installed(distribution: str) -> str | None:
+    """The installed version of a distribution (from its metadata, no import), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def editable(distribution: str) -> bool:
+    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
+    import json
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution(distribution).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return False
+    try:
+        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable", False))
+    except ValueError:
+        return False
