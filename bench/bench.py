@@ -117,7 +117,7 @@ def run_bare(path: Path, log=print) -> dict:
             else:
                 text = magics.expand_fields(f"{arg} {body}".strip(), namespace)
                 with contextlib.redirect_stdout(sink):
-                    (magics.run_launch if kind == "launch" else magics.run_command)(text)
+                    (magics.run_launch if kind == "launch" else magics.run_written)(text)
             timings.append({"kind": kind, "command": (arg or body).strip()[:80], "s": round(time.monotonic() - t0, 2)})
     finally:
         with contextlib.redirect_stdout(sink):

@@ -13,7 +13,7 @@ from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect
 from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
 from .expected import assert_matches, match, parse_kv
-from .launcher import Result, accelerate_launch, free_port, run
+from .launcher import Result, accelerate_launch, free_port, run_command
 from .params import cleanup, validate, work_dir
 from .session import Session, setup
 from .versions import editable, installed, public_version, same_version
@@ -51,7 +51,7 @@ __all__ = [
     "parse_kv",
     "passed",
     "public_version",
-    "run",
+    "run_command",
     "same_version",
     "setup",
     "skipped",

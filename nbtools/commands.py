@@ -296,15 +296,15 @@ def launch_why(call: LaunchCall, plan: LaunchPlan, info: DeviceInfo) -> str:
     if plan.fallback:
         return (f"{n} processes asked but only {info.count} {info.kind.upper()} device(s) visible: CPU 代跑 "
                 f"(ACCELERATE_USE_CPU=1 + --multi_gpu, a real {n}-rank gloo group); hccl/nccl are not exercised")
-    if plan.device == "cpu":
+    if plan.kind == "cpu":
         if n == 1:
             return "no NPU here: one process on the CPU (--cpu)"
         return (f"no NPU here: on a CPU `accelerate launch --num_processes {n}` starts ONE process; "
                 f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group")
     parts = []
-    if plan.device == "cuda":
+    if plan.kind == "cuda":
         parts.append(f"CUDA here: {CUDA_VAR} instead of {ASCEND_VAR}")
-    var = VISIBLE_VARS[plan.device]
+    var = VISIBLE_VARS[plan.kind]
     if call.written_visible is not None and call.written_visible != plan.env.get(var):
         parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
     if n > 1:

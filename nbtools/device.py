@@ -83,7 +83,7 @@ class Problem:
 class LaunchPlan:
     """How to start a real ``num_processes`` group on this machine."""
 
-    device: str  # the device type every rank will use: npu / cuda / cpu
+    kind: str  # the device kind every rank will use: npu / cuda / cpu (as DeviceInfo.kind)
     num_processes: int
     backend: str | None  # the torch.distributed backend accelerate will report; None for one process (no group)
     distributed_type: str  # expected accelerate DistributedType name
@@ -119,10 +119,6 @@ class DeviceInfo:
         if self.kind == "cpu":
             return ("no", "bf16")
         return ("no", "fp16", "bf16") if self.bf16 else ("no", "fp16")
-
-    def device(self, index: int = 0) -> str:
-        """torch device string for the index-th device of this kind ('cpu' on CPU)."""
-        return "cpu" if self.kind == "cpu" else f"{self.kind}:{index}"
 
     def plan(self, num_processes: int = 2, device: str = "auto") -> LaunchPlan:
         """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).
@@ -170,7 +166,7 @@ class DeviceInfo:
             devices = [f"{kind}:{i}" for i in range(num_processes)]
             note = f"{kind.upper()}: {num_processes} process(es) on {', '.join(self.names[:num_processes]) or kind}"
         return LaunchPlan(
-            device=kind,
+            kind=kind,
             num_processes=num_processes,
             backend=BACKENDS[kind] if num_processes > 1 else None,
             distributed_type=DISTRIBUTED_TYPES[kind] if num_processes > 1 else "NO",

@@ -1,6 +1,6 @@
 """The guardian: parent of every launched command, so that no launch outlives whoever started it.
 
-``launcher.run`` does not start a command itself. It starts this small program, in a new
+``launcher.run_command`` does not start a command itself. It starts this small program, in a new
 session, and this program starts the command. Then:
 
 - the guardian is a *child subreaper* (Linux): ranks that torch elastic puts in their own

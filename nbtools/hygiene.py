@@ -62,7 +62,7 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         m = _SHELL.search(cell.source)
         if m:
             problems.append(
-                f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run([...])"
+                f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run_command([...])"
             )
         for cid in ids:
             claims.setdefault(cid, []).append(where)

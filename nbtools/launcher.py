@@ -119,29 +119,29 @@ def announce(real: str, written: str | None = None, why: str = "") -> str:
     return text + (f"# why: {why}\n" if why else "")
 
 
-def run(
+def run_command(
     argv: list[str],
     *,
     env: dict[str, str] | None = None,
-    shown_env: dict[str, str] | None = None,
+    unset: tuple[str, ...] = (),
     cwd: str | os.PathLike | None = None,
     timeout: float | None = None,
     timeout_name: str = "timeout",
     check: bool = True,
-    echo: bool = True,
-    markers: tuple[str, ...] = ERROR_MARKERS,
     offline: bool = True,
+    # what the cell shows (nothing else depends on these):
+    echo: bool = True,
     shown: str | None = None,
-    unset: tuple[str, ...] = (),
     written: str | None = None,
     why: str = "",
 ) -> Result:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
-    ``env`` is added to the current environment and shown in the printed command
-    (``shown_env`` overrides what is shown). ``shown`` replaces the printed command.
-    ``written`` is the command as a learner types it (the quick-start's form): it is printed
-    first, and when it differs from what really runs, the real command follows with ``why``.
+    ``env`` is added to the current environment (``unset`` removed from it) and shown in the
+    printed command; ``shown`` replaces the printed command. ``written`` is the command as a
+    learner types it (the quick-start's form): it is printed first, and when it differs from what
+    really runs, the real command follows with ``why``. A non-zero exit, an error marker
+    (ERROR_MARKERS) or the timeout raises, unless ``check`` is False (the timeout always raises).
     """
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -157,14 +157,17 @@ def run(
     # torchinductor_* folders in the temp dir at every launch otherwise.
     private_tmp = tempfile.mkdtemp(prefix="nbtools-tmp-")
     full_env["TMPDIR"] = private_tmp
-    command = shown or shell_line(argv, env if shown_env is None else shown_env)
+    command = shown or shell_line(argv, env)
     try:
-        return _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command, written, why)
+        return _stream(
+            argv, full_env, cwd=cwd, timeout=timeout, timeout_name=timeout_name, check=check,
+            echo=echo, command=command, written=written, why=why,
+        )
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
-def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, command, written=None, why="") -> Result:
+def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command, written, why) -> Result:
     """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
     out = sys.stdout
     if echo:
@@ -248,7 +251,7 @@ def _stream(argv, full_env, cwd, timeout, timeout_name, check, echo, markers, co
             out.write(note + "\n")
         out.flush()
     if check:
-        _raise_on_failure(result, markers)
+        _raise_on_failure(result)
     return result
 
 
@@ -328,7 +331,7 @@ def _rank_lines(output: str, rank: int, n: int = 20) -> str:
 def _gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
     """A CPU (gloo) launch whose only failure is a rank aborting in teardown, with no Python error."""
     return (
-        plan.device == "cpu"
+        plan.kind == "cpu"
         and "terminate called without an active exception" in output
         and re.search(r"^\[rank\d+\]:\s*Traceback", output, re.MULTILINE) is None
     )
@@ -385,7 +388,7 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
     return "".join(kept), ([EXIT_BARRIER_NOTE] if removed else [])
 
 
-def _raise_on_failure(result: Result, markers: tuple[str, ...]) -> None:
+def _raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -> None:
     text, _ = benign_blocks(result.output, result.returncode)
     found = [m for m in markers if m in text]
     if result.returncode == 0 and not found:
@@ -438,7 +441,7 @@ def accelerate_launch(
 ) -> Result:
     """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
 
-    ``written``/``why``: see ``run``; the command a learner types, printed before the real one.
+    ``written``/``why``: see ``run_command``; the command a learner types, printed before the real one.
 
     The flags and env come from ``detect().plan(...)``: on NPU/CUDA the visible-devices
     variable, on a CPU-only host ``ACCELERATE_USE_CPU=1 ... --multi_gpu`` (the only way to
@@ -491,7 +494,7 @@ def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, uns
         argv = [*base_argv, *tail]
         shown = shell_line([*shown_base, *tail], run_env)
         try:
-            result = run(argv, env=run_env, shown=shown, unset=unset, check=False, **run_kw)
+            result = run_command(argv, env=run_env, shown=shown, unset=unset, check=False, **run_kw)
         except LaunchError as exc:
             if exc.result is not None:
                 exc.result.plan, exc.result.port = plan, chosen
@@ -513,5 +516,5 @@ def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, uns
             continue
         break
     if check:
-        _raise_on_failure(result, ERROR_MARKERS)
+        _raise_on_failure(result)
     return result

@@ -8,7 +8,7 @@ rendezvous; what this module adds is the plumbing a notebook cell should not car
   hosts. Here every machine is a launch on this host with CPU ranks: the visible-devices
   variable is dropped, ``ACCELERATE_USE_CPU=1`` and ``--multi_gpu`` make the ranks a real gloo
   group (on a CPU, ``accelerate launch`` alone starts one process that runs alone).
-- ``run_all(jobs)``: every job in its own thread through ``launcher.run`` (timeout, error markers,
+- ``run_all(jobs)``: every job in its own thread through ``launcher.run_command`` (timeout, error markers,
   the whole process tree stopped on any way out). The first job that fails makes the others stop
   at once: they would otherwise wait for it at the rendezvous or in a collective until the
   timeout. Ctrl-C (JupyterLab's stop button) stops them all.
@@ -35,7 +35,7 @@ import psutil
 
 from . import commands
 from .errors import LaunchError, LaunchTimeout, ParameterError
-from .launcher import NEUTRAL_CONFIG, Result, announce, benign_blocks, run, shell_line
+from .launcher import NEUTRAL_CONFIG, Result, announce, benign_blocks, run_command, shell_line
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
 DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
@@ -143,7 +143,7 @@ def run_all(jobs: list[Job], *, timeout: float | None, timeout_name: str = "time
     def work(i: int) -> None:
         job = jobs[i]
         try:
-            result = run(job.real_argv, env={**job.env, MACHINE_ENV: tokens[i]}, unset=job.unset, shown=job.shown,
+            result = run_command(job.real_argv, env={**job.env, MACHINE_ENV: tokens[i]}, unset=job.unset, shown=job.shown,
                          timeout=timeout, timeout_name=timeout_name, echo=False)
             outcomes[i] = Outcome(result, ended=time.monotonic())
         except LaunchError as exc:  # non-zero exit, error marker or timeout: its own tree is already stopped

@@ -2,7 +2,7 @@
 
 ``%load_ext nbtools`` registers them. Each prints ``$ <command as written>``, then, where this machine
 needs another command for the same meaning, ``# runs here as: <real>`` and ``# why: <one line>``
-(rules in commands.py), streams the output (launcher.run / accelerate_launch underneath: timeout,
+(rules in commands.py), streams the output (launcher.run_command / accelerate_launch underneath: timeout,
 whole process tree stopped, error markers) and returns an ``nbtools.Result``.
 
 Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from . import commands, session
 from .device import detect
 from .errors import LaunchError, ParameterError
-from .launcher import Result, accelerate_launch, run
+from .launcher import Result, accelerate_launch, run_command
 
 DEFAULT_TIMEOUT_S = 600
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
@@ -88,14 +88,14 @@ def _failed(exc: LaunchError, written: commands.Written) -> Result:
     return _finish(exc.result, written)
 
 
-def run_command(text: str) -> Result:
+def run_written(text: str) -> Result:
     """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
     written = commands.parse(text)
     info, device, timeout, timeout_name = _context()
     real = commands.resolve(written, info, device)
     same = real.argv == written.argv and real.env == written.env
     try:
-        result = run(
+        result = run_command(
             real.argv,
             env=real.env,
             timeout=written.timeout or timeout,
@@ -145,14 +145,14 @@ class CommandMagics(Magics):
     def cmd(self, line: str, cell: str | None = None):
         """Run a command as written: ``r = %cmd python --version``; ``%%cmd NAME`` + a command over lines."""
         if cell is None:
-            return run_command(line)
+            return run_written(line)
         words = line.split()
         name = words.pop() if words and _NAME.match(words[-1]) and not words[-1].startswith("-") else None
         options = " ".join(words)
         if options and not options.startswith("--"):
             raise ParameterError(f"%%cmd {line.strip()!r}: expected `%%cmd [--timeout S] [--allow-fail] [--online] NAME`")
         body = expand_outside_program(cell, self.shell.user_ns)
-        result = run_command(f"{options} {body}" if options else body)
+        result = run_written(f"{options} {body}" if options else body)
         if name:
             self.shell.user_ns[name] = result
         return None

@@ -49,7 +49,7 @@ def validate(
             raise ParameterError(
                 f"parameter mixed_precision={mixed_precision!r} is not known; accepted: {', '.join(MIXED_PRECISIONS)}"
             )
-        plan_kind = info.plan(num_processes, device).device
+        plan_kind = info.plan(num_processes, device).kind
         ok = ("no", "bf16") if plan_kind == "cpu" else info.mixed_precisions
         if mixed_precision not in ok:
             raise ParameterError(

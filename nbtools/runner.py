@@ -395,6 +395,7 @@ def run_notebooks(
         raise ParameterError(f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}")
     converted = {p: convert_parameters(parameters, parameter_defaults(nb), p.name) for p, nb in sources.items()}
     info = info or detect_for_kernel(kernel)
+    output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
         device=info.to_dict(),

@@ -41,7 +41,7 @@ class Session:
     @property
     def visible(self) -> str:
         """The quick-start-style device list for num_processes ("0,1" for 2), as the plan uses it."""
-        var = VISIBLE_VARS.get(self.plan.device)
+        var = VISIBLE_VARS.get(self.plan.kind)
         if var and var in self.plan.env:
             return self.plan.env[var]
         return ",".join(str(i) for i in range(self.num_processes))
@@ -84,7 +84,7 @@ class Session:
         print(f"{cleanup(self.work, self.keep_work_dir)}; {back}")
 
     def __repr__(self) -> str:
-        return (f"Session(device={self.device!r}, num_processes={self.num_processes}, plan={self.plan.device}/"
+        return (f"Session(device={self.device!r}, num_processes={self.num_processes}, plan={self.plan.kind}/"
                 f"{self.plan.backend}, work={str(self.work)!r}{', closed' if self.closed else ''})")
 
 

@@ -59,12 +59,12 @@ def test_this_machine_is_detected_and_its_plan_follows():
     plan = info.plan(2)
     assert plan.num_processes == 2 and plan.flags[plan.flags.index("--num_processes") + 1] == "2"
     if info.count >= 2:  # a real hccl/nccl group on the first two devices
-        assert plan.device == kind and not plan.fallback
+        assert plan.kind == kind and not plan.fallback
         assert plan.env == {VISIBLE_VARS[kind]: plan.env[VISIBLE_VARS[kind]]} and plan.devices == [f"{kind}:0", f"{kind}:1"]
     else:  # CPU only, or one accelerator: the gloo route, labelled a stand-in when it replaces one
-        assert plan.device == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"} and "--multi_gpu" in plan.flags
+        assert plan.kind == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"} and "--multi_gpu" in plan.flags
         assert plan.fallback == (kind != "cpu")
-    assert (plan.backend, plan.distributed_type) == (BACKENDS[plan.device], DISTRIBUTED_TYPES[plan.device])
+    assert (plan.backend, plan.distributed_type) == (BACKENDS[plan.kind], DISTRIBUTED_TYPES[plan.kind])
 
 
 def test_probe_substituted_two_npus_plan_uses_hccl_and_visible_devices():
@@ -87,11 +87,11 @@ def test_probe_substituted_npu_respects_already_restricted_visible_devices():
 def test_probe_substituted_one_cuda_two_processes_falls_back_to_cpu_labelled():
     info = from_probe(CUDA1, environ={})
     plan = info.plan(2)
-    assert plan.fallback and plan.device == "cpu" and plan.backend == "gloo"
+    assert plan.fallback and plan.kind == "cpu" and plan.backend == "gloo"
     assert "CPU (gloo) stand-in" in plan.note and "NOT exercised" in plan.note
     assert plan.env == {"ACCELERATE_USE_CPU": "1"}
     single = info.plan(1)
-    assert single.device == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback
+    assert single.kind == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback
     assert (single.backend, single.distributed_type) == (None, "NO")  # one process: no group
 
 
@@ -115,7 +115,7 @@ def test_asking_for_a_device_that_is_not_here_says_what_to_do():
     info = from_probe(CPU, environ={})
     with pytest.raises(DeviceError, match="device='npu' asked.*Use device='auto' or 'cpu'"):
         info.plan(2, "npu")
-    assert from_probe(NPU2, environ={}).plan(2, "cpu").device == "cpu"
+    assert from_probe(NPU2, environ={}).plan(2, "cpu").kind == "cpu"
 
 
 @pytest.mark.parametrize(

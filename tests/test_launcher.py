@@ -167,7 +167,7 @@ EXIT_BARRIER_LOG = textwrap.dedent(
 
 
 def test_the_exit_barrier_error_after_a_clean_exit_is_benign_and_said_so(python, capsys):
-    result = nbtools.run([python, "-c", EXIT_BARRIER_LOG])
+    result = nbtools.run_command([python, "-c", EXIT_BARRIER_LOG])
     assert result.ok and result.notes and "benign" in result.notes[0]
     assert result.notes[0] in capsys.readouterr().out  # shown in the cell, one line
 
@@ -182,19 +182,19 @@ def test_the_exit_barrier_error_after_a_clean_exit_is_benign_and_said_so(python,
 )
 def test_anything_beside_the_benign_exit_barrier_still_fails(python, tail, code):
     with pytest.raises(LaunchError):
-        nbtools.run([python, "-c", EXIT_BARRIER_LOG + f"\n{tail}\nraise SystemExit({code})\n"], echo=False)
+        nbtools.run_command([python, "-c", EXIT_BARRIER_LOG + f"\n{tail}\nraise SystemExit({code})\n"], echo=False)
 
 
 def test_non_zero_exit_raises_with_the_last_lines(python):
     with pytest.raises(LaunchError, match=r"(?s)exit code 3.*Last lines of the output:\n\s+bye"):
-        nbtools.run([python, "-c", "print('bye'); raise SystemExit(3)"], echo=False)
+        nbtools.run_command([python, "-c", "print('bye'); raise SystemExit(3)"], echo=False)
 
 
 def test_an_error_marker_fails_even_with_exit_code_0(python):
     code = "print('[ERROR] 2026-11-30 HCCL init failed ERR99999')"
     with pytest.raises(LaunchError, match="exited 0 but its output holds the error marker"):
-        nbtools.run([python, "-c", code], echo=False)
-    assert nbtools.run([python, "-c", code], echo=False, check=False).returncode == 0
+        nbtools.run_command([python, "-c", code], echo=False)
+    assert nbtools.run_command([python, "-c", code], echo=False, check=False).returncode == 0
 
 
 def test_output_streams_while_the_command_runs(python, tmp_path, capsys):
@@ -210,7 +210,7 @@ def test_output_streams_while_the_command_runs(python, tmp_path, capsys):
 
     old, sys.stdout = sys.stdout, Spy()
     try:
-        nbtools.run([python, "-c", code])
+        nbtools.run_command([python, "-c", code])
     finally:
         sys.stdout = old
     t_first = next(t for t, s in stamps if s == "first\n")
@@ -220,13 +220,13 @@ def test_output_streams_while_the_command_runs(python, tmp_path, capsys):
 
 def test_hugging_face_is_kept_offline_unless_asked(python):
     code = "import os; print('offline=' + os.environ.get('HF_HUB_OFFLINE', 'unset'))"
-    assert nbtools.run([python, "-c", code], echo=False).kv["offline"] == "1"
+    assert nbtools.run_command([python, "-c", code], echo=False).kv["offline"] == "1"
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     os_environ = os.environ.copy()
     try:
         os.environ.clear()
         os.environ.update(env)
-        assert nbtools.run([python, "-c", code], echo=False, offline=False).kv["offline"] == "unset"
+        assert nbtools.run_command([python, "-c", code], echo=False, offline=False).kv["offline"] == "unset"
     finally:
         os.environ.clear()
         os.environ.update(os_environ)
@@ -255,7 +255,7 @@ def test_interrupt_stops_every_child(python, tmp_path):
             f"""
             import sys, nbtools
             try:
-                nbtools.run([sys.executable, {str(spawner)!r}], timeout=300)
+                nbtools.run_command([sys.executable, {str(spawner)!r}], timeout=300)
             except KeyboardInterrupt:
                 print('driver saw KeyboardInterrupt', flush=True)
                 sys.exit(0)

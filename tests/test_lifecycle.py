@@ -162,7 +162,7 @@ def test_exception_in_output_loop_leaves_nothing(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sys, "stdout", Broken())
     with pytest.raises(OSError, match="output went away"):
-        nbtools.run([sys.executable, str(script)], timeout=120)
+        nbtools.run_command([sys.executable, str(script)], timeout=120)
     monkeypatch.undo()
     _assert_all_gone(script)
 
@@ -174,7 +174,7 @@ def test_descendant_holding_the_pipe_does_not_delay_the_return():
         return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", seconds]]
 
     start = time.monotonic()
-    result = nbtools.run(["bash", "-c", f"sleep {seconds} & echo hi"], timeout=300)
+    result = nbtools.run_command(["bash", "-c", f"sleep {seconds} & echo hi"], timeout=300)
     took = time.monotonic() - start
     assert result.returncode == 0 and "hi" in result.output
     assert took < 5, f"returned after {took:.1f} s: it waited for the descendant holding the output pipe"

@@ -81,7 +81,7 @@ def _stop_series(tmp_path: Path, marker: str, stubborn: bool = False) -> Path:
         [
             ("work_dir = ''\n", ["parameters"]),
             ((ignore if stubborn else "") + "import sys, nbtools\n"
-             f"nbtools.run([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}'], timeout=900)", []),
+             f"nbtools.run_command([sys.executable, '-c', 'import time; time.sleep(600)  # {marker}'], timeout=900)", []),
             ("print('after the launch')", []),
         ],
     )

@@ -430,3 +430,19 @@ def test_ps_subcommand_calls_nbtools_ps(monkeypatch):
     monkeypatch.setitem(sys.modules, "nbtools.ps", fake)
     assert cli.main(["ps"]) == 0 and cli.main(["ps", "--kill"]) == 0 and cli.main(["ps", "--kill", "123", "ab"]) == 0
     assert calls == [(False, []), (True, []), (True, ["123", "ab"])]
+
+
+def test_a_relative_output_dir_works_from_any_cwd(tmp_path):
+    """The README's own command uses the default output, a path relative to the caller's cwd,
+    while each kernel runs in its notebook's folder: everything must still land in one place."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    make_nb(nbs / "00_one.ipynb", [PARAMS, ALL_SEED])
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    proc = run_cli(str(nbs / "00_one.ipynb"), "--output", "rel/out", cwd=caller)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = caller / "rel" / "out"
+    assert (out / "report.json").is_file() and (out / "00_one.ipynb").is_file() and (out / "00_one.kernel.log").is_file()
+    report = json.loads((out / "report.json").read_text())
+    assert report["notebooks"][0]["status"] == "passed", report["notebooks"]
