@@ -29,6 +29,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -43,6 +44,7 @@ from nbtools import commands, magics
 from nbtools.checks import SEED_CHECKS, check_ids
 from nbtools.launcher import free_port
 from nbtools.params import declared_parameters
+from nbtools.proctree import ProcessTree
 from nbtools.runner import SERIES_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -131,7 +133,7 @@ def run_bare(path: Path, log=print) -> dict:
 # ---------------------------------------------------------------- 2. the same notebooks as a series
 def run_series(paths: list[Path], out: Path, log=print) -> dict:
     start = time.monotonic()
-    proc = subprocess.run(
+    proc = subprocess.run(  # `nbtools run` stops its own kernels and launches on any way out
         [sys.executable, "-m", "nbtools", "run", *map(str, paths), "--output", str(out)],
         capture_output=True,
         text=True,
@@ -161,6 +163,25 @@ def slowest_cells(out: Path, top: int = 8) -> list[dict]:
 TINY = "from accelerate import Accelerator\na = Accelerator()\na.print(f'world={a.num_processes}')\na.end_training()\n"
 
 
+def _timed(cmd: list[str], env: dict | None = None, timeout: float = 600) -> float:
+    """Wall seconds of ``cmd``; on a timeout or a failure its whole tree is stopped (ranks included)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    tree = ProcessTree(proc.pid)
+    try:
+        while proc.poll() is None:
+            tree.refresh()  # torch elastic starts its ranks in sessions of their own: remember them
+            if time.monotonic() - start > timeout:
+                raise TimeoutError(f"{shlex.join(cmd)} ran past {timeout:.0f} s")
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None or tree.leftovers():
+            tree.stop()
+    if proc.returncode != 0:
+        raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}")
+    return time.monotonic() - start
+
+
 def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     script = scratch / "tiny_launch.py"
     script.write_text(TINY)
@@ -168,15 +189,11 @@ def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     env = dict(os.environ, **plan.env, PYTHONUNBUFFERED="1")
     plain_cmd = [commands.executable("accelerate"), "launch", *plan.flags, "--mixed_precision", "no"]
     ours_cmd = [sys.executable, "-m", "nbtools", "launch", "--num-processes", "2", str(script)]
-    subprocess.run(ours_cmd, capture_output=True, check=True)  # fills the probe cache, as any first call does
+    _timed(ours_cmd)  # fills the probe cache, as any first call does
     plain, ours = [], []
     for _ in range(repeat):  # interleaved, so that a load change hits both alike
-        t0 = time.monotonic()
-        subprocess.run([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env, capture_output=True, check=True)
-        plain.append(time.monotonic() - t0)
-        t0 = time.monotonic()
-        subprocess.run(ours_cmd, capture_output=True, check=True)
-        ours.append(time.monotonic() - t0)
+        plain.append(_timed([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env))
+        ours.append(_timed(ours_cmd))
     res = {"plain_s": round(statistics.median(plain), 2), "nbtools_s": round(statistics.median(ours), 2)}
     res["overhead_s"] = round(res["nbtools_s"] - res["plain_s"], 2)
     log(f"  launch: plain {res['plain_s']:.2f} s, nbtools {res['nbtools_s']:.2f} s (median of {repeat})")

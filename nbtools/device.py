@@ -195,9 +195,7 @@ class DeviceInfo:
 
     def summary(self) -> str:
         v = self.versions
-        dev = f"{self.kind.upper()} x{self.count}" if self.kind != "cpu" else "CPU only (no NPU/CUDA visible)"
-        names = f" ({', '.join(sorted(set(self.names)))})" if self.names else ""
-        parts = [f"device: {dev}{names}, backend {self.backend}"]
+        parts = [f"device: {device_label(self.kind, self.count, self.names)}, backend {self.backend}"]
         parts.append(
             "versions: "
             + ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k))
@@ -211,6 +209,14 @@ class DeviceInfo:
         d["backend"] = self.backend
         d.pop("raw", None)
         return d
+
+
+def device_label(kind: str, count: int, names=()) -> str:
+    """'CPU only (no NPU/CUDA visible)' or e.g. 'NPU x2 (Ascend910B4)': one label for the CLI and every report."""
+    if kind == "cpu":
+        return "CPU only (no NPU/CUDA visible)"
+    unique = ", ".join(sorted(set(names or [])))
+    return f"{kind.upper()} x{count}" + (f" ({unique})" if unique else "")
 
 
 def _visible_list(value: str | None, count: int) -> list[str]:

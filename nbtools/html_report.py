@@ -17,6 +17,7 @@ from urllib.parse import quote
 import nbformat
 
 from .checks import check_ids
+from .device import device_label
 from .model import RunReport
 
 INDEX = "index.html"
@@ -67,11 +68,8 @@ def _e(text) -> str:
 
 
 def device_line(device: dict) -> str:
-    """'CPU only' or e.g. 'NPU x2 (Ascend910B3)', as report.md names it."""
-    if device.get("kind") == "cpu":
-        return "CPU only"
-    names = ", ".join(sorted(set(device.get("names") or [])))
-    return f"{str(device.get('kind', '?')).upper()} x{device.get('count', 0)}" + (f" ({names})" if names else "")
+    """The device label of report.md and the CLI (device.device_label), from report.json's device."""
+    return device_label(device.get("kind", "?"), device.get("count", 0), device.get("names"))
 
 
 def offline_exporter():

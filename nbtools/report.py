@@ -12,6 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
+from .device import device_label
 from .model import RunReport, status_counts, strip_ansi
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
@@ -58,12 +59,11 @@ def _esc(text: str) -> str:
 
 def render_markdown(report: RunReport) -> str:
     dev = report.device
-    name = f"{dev['kind'].upper()} x{dev['count']}" if dev["kind"] != "cpu" else "CPU only"
     lines = [
         "# Notebook series run",
         "",
         f"- result: **{summary_line(report)}** (started {report.started})",
-        f"- device: {name} {', '.join(sorted(set(dev.get('names') or [])))}; backend {dev['backend']}",
+        f"- device: {device_label(dev['kind'], dev['count'], dev.get('names'))}; backend {dev['backend']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in dev["versions"].items() if v),
         f"- kernel: {report.kernel}",
     ]

@@ -184,7 +184,7 @@ def test_index_is_self_contained_and_coloured(tmp_path):
     assert colour["failed"] == colour["missing"] == colour["not-run"]
     assert len({colour["passed"], colour["skipped"], colour["failed"]}) == 3
     assert "<b>not bold</b>" not in text and "&lt;b&gt;not bold&lt;/b&gt; &amp; co" in text
-    assert "CPU only; backend gloo" in text and "torch 2.13.0+cpu" in text and "torch_npu" not in text
+    assert "CPU only (no NPU/CUDA visible); backend gloo" in text and "torch 2.13.0+cpu" in text and "torch_npu" not in text
 
 
 def test_banner_passes_when_everything_passed(tmp_path):
