@@ -131,3 +131,23 @@ def test_notebook_passes_alone_under_plain_papermill_from_another_dir(name, tmp_
     for cid, allowed in expected.items():
         assert got[cid].status in allowed, (cid, got[cid])
         assert got[cid].status != "skipped" or got[cid].reason, (cid, "a skip needs its reason")
+
+
+def test_the_pictures_are_drawn_and_shown_in_the_html_report(series_run):
+    """At least four notebooks draw from the run's own numbers, and each picture is in its HTML page."""
+    _, out, _, _ = series_run
+    drawn = {}
+    for path in sorted(out.glob("*.ipynb")):
+        pngs = [
+            o["data"]["image/png"]
+            for c in nbformat.read(path, as_version=4).cells
+            for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})
+        ]
+        if pngs:
+            drawn[path] = pngs
+    assert len(drawn) >= 4, f"only {[p.name for p in drawn]} draw"
+    for path, pngs in drawn.items():
+        page = (out / f"{path.stem}.html").read_text(encoding="utf-8")
+        for png in pngs:
+            assert png.strip()[:200] in page, f"{path.stem}.html lacks one of the notebook's pictures"
