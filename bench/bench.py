@@ -28,7 +28,6 @@ import io
 import json
 import os
 import platform
-import re
 import shlex
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ import time
 from pathlib import Path
 
 import nbformat
+from IPython.core.inputtransformer2 import TransformerManager
 
 import nbtools
 from nbtools import commands, magics
@@ -50,7 +50,7 @@ from nbtools.runner import SERIES_GLOB
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = ROOT / "notebooks"
 TARGETS = {"series_vs_bare": 1.0, "launch_overhead_s": 0.3, "skeleton_bytes": 1e6}
-_LINE_MAGIC = re.compile(r"^(?:[A-Za-z_]\w*\s*=\s*)?%(cmd|launch)\s+(.*)$")
+_TRANSFORM = TransformerManager()  # IPython's own reading of a cell: `%launch ...` -> run_line_magic(...)
 
 
 # ---------------------------------------------------------------- 1. the quick-start's commands, bare
@@ -64,29 +64,60 @@ def seed_notebooks(folder: Path = NOTEBOOKS) -> list[Path]:
     return found
 
 
-def steps(nb) -> list[tuple[str, str, str]]:
+def steps(nb, namespace: dict) -> list[tuple[str, str, str]]:
     """(kind, argument, body) of the notebook's command cells, in order: write / cmd / launch.
 
-    Only top-level magic lines count: a command inside an `if` (e.g. the source install, run only
-    when `accelerate_ref` is set) is not one of the default path's commands.
+    A command inside an ``if`` counts when its condition holds here with the parameters'
+    defaults (``if accelerate_ref:`` does not: the source install needs ``accelerate_ref``;
+    ``if S.info.kind == "npu":`` holds only on an NPU); a condition on the kernel's own results
+    (``if bf16_ok:``) cannot be told beforehand and counts.
     """
     out = []
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        src = cell.source
-        head, _, body = src.partition("\n")
+        head, _, body = cell.source.partition("\n")
         if head.startswith("%%writefile"):
             out.append(("write", head.split(None, 1)[1].strip().strip("\"'"), body))
         elif head.startswith("%%cmd"):
             options = " ".join(w for w in head.split()[1:] if w.startswith("--"))
             out.append(("cmd", options, body))
-        else:
-            for line in src.splitlines():
-                m = _LINE_MAGIC.match(line)
-                if m:
-                    out.append((m.group(1), "", m.group(2)))
+        elif "%cmd" in cell.source or "%launch" in cell.source:
+            out += _line_magics(_TRANSFORM.transform_cell(cell.source), namespace)
     return out
+
+
+def _line_magics(code: str, namespace: dict) -> list[tuple[str, str, str]]:
+    found = []
+
+    def visit(node, conditions):
+        if isinstance(node, ast.If):
+            for child in node.body:
+                visit(child, [*conditions, node.test])
+            for child in node.orelse:
+                visit(child, [*conditions, ast.UnaryOp(ast.Not(), node.test)])
+            return
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", "") == "run_line_magic"
+            and len(node.args) == 2
+            and all(isinstance(a, ast.Constant) for a in node.args)
+            and node.args[0].value in ("cmd", "launch")
+            and all(_holds(c, namespace) for c in conditions)
+        ):
+            found.append((node.args[0].value, "", node.args[1].value))
+        for child in ast.iter_child_nodes(node):
+            visit(child, conditions)
+
+    visit(ast.parse(code), [])
+    return found
+
+
+def _holds(test, namespace: dict) -> bool:
+    try:
+        return bool(eval(compile(ast.Expression(ast.fix_missing_locations(test)), "<if>", "eval"), {}, dict(namespace)))
+    except Exception:  # a name only the kernel knows (a result): assume the default path runs it
+        return True
 
 
 def defaults(nb) -> dict:
@@ -112,14 +143,17 @@ def run_bare(path: Path, log=print) -> dict:
     namespace = dict(params, S=session)
     timings = []
     try:
-        for kind, arg, body in steps(nb):
+        for kind, arg, body in steps(nb, namespace):
             t0 = time.monotonic()
             if kind == "write":
                 Path(magics.expand_fields(arg, namespace)).write_text(body + "\n")
             else:
                 text = magics.expand_fields(f"{arg} {body}".strip(), namespace)
-                with contextlib.redirect_stdout(sink):
-                    (magics.run_launch if kind == "launch" else magics.run_written)(text)
+                try:
+                    with contextlib.redirect_stdout(sink):
+                        (magics.run_launch if kind == "launch" else magics.run_written)(text)
+                except commands.CommandNotHere:  # npu-smi off an Ascend host: the notebook skips it too
+                    continue
             timings.append({"kind": kind, "command": (arg or body).strip()[:80], "s": round(time.monotonic() - t0, 2)})
     finally:
         with contextlib.redirect_stdout(sink):
@@ -288,7 +322,7 @@ def render(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--output", default="bench-out")
-    ap.add_argument("--repeat", type=int, default=3, help="launch-overhead pairs (medians are reported)")
+    ap.add_argument("--repeat", type=int, default=5, help="launch-overhead pairs (medians are reported)")
     ap.add_argument("--skip-series", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     args = ap.parse_args(argv)
