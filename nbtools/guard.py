@@ -36,6 +36,7 @@ import time
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+POLL_S = 0.02  # how soon the command's exit is noticed (it sets the launch's own overhead)
 
 
 def _become_subreaper() -> bool:
@@ -158,6 +159,7 @@ def main(argv: list[str]) -> int:
     os.close(devnull)
     reason = ""
     stdin_open = True
+    next_reap = time.monotonic()
     while True:
         if child.poll() is not None:
             break
@@ -166,7 +168,7 @@ def main(argv: list[str]) -> int:
             break
         if stdin_open:
             try:
-                ready, _, _ = select.select([0], [], [], 0.1)
+                ready, _, _ = select.select([0], [], [], POLL_S)
             except InterruptedError:
                 continue
             if ready:
@@ -182,8 +184,10 @@ def main(argv: list[str]) -> int:
                     reason = "stop requested"
                     break
         else:
-            time.sleep(0.1)
-        _reap()
+            time.sleep(POLL_S)
+        if time.monotonic() >= next_reap:  # orphans that exited: collect them now and then
+            _reap()
+            next_reap = time.monotonic() + 0.5
     if reason:
         status["killed"] = stop_all(grace)
         try:
