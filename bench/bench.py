@@ -43,7 +43,7 @@ import nbtools
 from nbtools import commands, magics
 from nbtools.checks import SEED_CHECKS, check_ids
 from nbtools.launcher import free_port
-from nbtools.params import declared_parameters
+from nbtools.params import NO_DEFAULT, parameter_defaults
 from nbtools.proctree import ProcessTree
 from nbtools.runner import SERIES_GLOB
 
@@ -121,11 +121,8 @@ def _holds(test, namespace: dict) -> bool:
 
 
 def defaults(nb) -> dict:
-    values = {}
-    for name, source in declared_parameters(nb).items():
-        with contextlib.suppress(ValueError, SyntaxError):
-            values[name] = ast.literal_eval(source)
-    return values
+    """The parameters cell's literal defaults."""
+    return {k: v for k, v in parameter_defaults(nb).items() if v is not NO_DEFAULT}
 
 
 def run_bare(path: Path, log=print) -> dict:

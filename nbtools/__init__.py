@@ -3,9 +3,9 @@
 The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cmd`` /
 ``%launch`` magics (magics.py, rules in commands.py) after ``%load_ext nbtools``.
 Underneath: device detection (device.py), the launcher (launcher.py), expected-output
-matching and version comparison (expected.py), check verdicts (checks.py), parameters and work dirs (params.py),
-the notebook runner (runner.py, report.py), the hygiene check (hygiene.py) and the
-doctor (doctor.py). Importing this package never imports torch.
+matching (expected.py), versions (versions.py), check verdicts (checks.py), parameters and work dirs
+(params.py), the guardian every command runs under (guard.py), the notebook runner (runner.py, model.py,
+report.py, html_report.py), the hygiene check (hygiene.py) and the doctor (doctor.py). Importing this package never imports torch.
 """
 
 from .checks import SEED_CHECKS, passed, skipped

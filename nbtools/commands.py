@@ -73,7 +73,6 @@ class Real:
 
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)  # added to the environment (and shown)
-    unset: tuple[str, ...] = ()
     why: list[str] = field(default_factory=list)
 
     @property

@@ -193,13 +193,15 @@ class DeviceInfo:
             f"({self.count} device(s)). Use device='auto' or '{self.kind}'. {hints}"
         )
 
-    def summary(self) -> str:
+    def versions_line(self) -> str:
         v = self.versions
-        parts = [f"device: {device_label(self.kind, self.count, self.names)}, backend {self.backend}"]
-        parts.append(
-            "versions: "
-            + ", ".join(f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k))
+        return "versions: " + ", ".join(
+            f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k)
         )
+
+    def summary(self) -> str:
+        parts = [f"device: {device_label(self.kind, self.count, self.names)}, backend {self.backend}"]
+        parts.append(self.versions_line())
         for p in self.problems:
             parts.append(f"PROBLEM: {p.what}\n  fix: {p.fix}")
         return "\n".join(parts)

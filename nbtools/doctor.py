@@ -12,8 +12,8 @@ from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
-from .device import CANN_FIX, DeviceInfo, detect
-from .versions import installed
+from .device import CANN_FIX, DeviceInfo, detect, device_label
+from .versions import installed, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 
@@ -106,7 +106,7 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
             )
         else:
             want = QUICKSTART.get("torch_npu", "unknown")
-            rows.append(Row("torch_npu", npu_v, OK if npu_v == want else INFO, f"quick-start: {want}"))
+            rows.append(Row("torch_npu", npu_v, OK if same_version(npu_v, want) else INFO, f"quick-start: {want}"))
     elif shutil.which("npu-smi"):
         rows.append(Row("torch_npu", "not installed", FAIL, "npu-smi is here but torch_npu is not: pip install -r requirements-npu.txt"))
     else:
@@ -120,12 +120,11 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     if info.kind == "cpu":
         rows.append(Row("devices", "CPU only", INFO, "multi-process checks use the CPU gloo stand-in; NPU/CUDA paths are not checked here"))
     else:
-        names = ", ".join(sorted(set(info.names)))
         status = OK if info.count >= 2 else WARN
         note = "" if status == OK else "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)"
         if info.kind == "npu" and not info.bf16:
             status, note = WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'"
-        rows.append(Row("devices", f"{info.kind.upper()} x{info.count} ({names})", status, note))
+        rows.append(Row("devices", device_label(info.kind, info.count, info.names), status, note))
     for pkg, need in (("accelerate", None), ("transformers", "<5.0"), ("papermill", None), ("nbclient", None), ("ipykernel", None)):
         ver = installed(pkg)
         if not ver:

@@ -4,8 +4,8 @@
 - a line that is exactly ``...`` matches any number of lines (zero included);
 - trailing whitespace is ignored; blank lines in the actual output are ignored.
 
-And ``parse_kv``: the ``key=value`` / ``key: value`` lines the quick-start's commands print;
-``same_version``: two version strings name the same release (PEP 440 public version).
+And ``parse_kv``: the ``key=value`` / ``key: value`` lines the quick-start's commands print
+(``[rankN]:`` prefixes removed). Version comparison lives in versions.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ IN_LINE = "xxx"
 
 _KEY = r"[A-Za-z_][\w.\-]*"
 _PAIR = re.compile(rf"({_KEY})=(.*?)(?=\s+{_KEY}=|\s*$)")
+# What torch elastic puts before each line of a rank (`--tee`, `--role`): [rank1]: / [default0]:
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 _KV_LINE = re.compile(rf"^\s*{_KEY}=.*$")
 _COLON_LINE = re.compile(rf"^\s*({_KEY}):\s+(\S.*?)\s*$")  # `is_available: True` (one pair a line)
 
@@ -110,7 +112,7 @@ def parse_kv(text: str) -> dict[str, str]:
     """
     out: dict[str, str] = {}
     for line in text.splitlines():
-        line = re.sub(r"^\[rank\d+\]:\s*", "", line)
+        line = RANK_PREFIX.sub("", line)
         if _KV_LINE.match(line):
             pairs = _PAIR.findall(line.strip())
             if pairs and "".join(f"{k}={v}" for k, v in pairs).replace(" ", "") == line.strip().replace(" ", ""):

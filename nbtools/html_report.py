@@ -18,7 +18,7 @@ import nbformat
 
 from .checks import check_ids
 from .device import device_label
-from .model import RunReport
+from .model import RunReport, status_counts
 
 INDEX = "index.html"
 
@@ -31,7 +31,6 @@ OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
 {%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
 """
 
-BAD = ("failed", "missing", "not-run")
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", "Noto Sans CJK SC", sans-serif;
@@ -138,13 +137,11 @@ def render_index(
     notes: list[str] | None = None,
 ) -> str:
     """The index page. ``pages``: notebook path -> rendered page; ``anchors``: check cells in them."""
-    from .report import status_counts
-
     pages, anchors, notes = pages or {}, anchors or {}, notes or []
     dev = report.device
     counts = status_counts(report)
     nb_ok = counts["notebooks"].get("passed", 0)
-    verdict = f"STOPPED by {report.stopped_by}" if report.stopped_by else ("PASSED" if report.ok else "FAILED")
+    verdict = report.verdict
     summary = ", ".join(f"{n} {s}" for s, n in counts["checks"].items()) or "none"
     out = [
         "<!DOCTYPE html>",
@@ -186,7 +183,7 @@ def render_index(
             links.append(f'<a href="{quote(pages[n.path])}">HTML</a>')
         if n.output:
             links.append(f'<a href="{quote(n.output)}">.ipynb</a>')
-        if getattr(n, "kernel_log", ""):
+        if n.kernel_log:
             links.append(f'<a class="kernel-log" href="{quote(n.kernel_log)}">kernel log</a>')
         name = f'<a href="{quote(pages[n.path])}">{_e(n.path)}</a>' if n.path in pages else _e(n.path)
         out.append(

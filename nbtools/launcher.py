@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -28,15 +29,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .commands import executable
-from .device import LaunchPlan
+from .device import DeviceInfo, LaunchPlan
 from .errors import LaunchError, LaunchTimeout
 from .expected import parse_kv
 from .params import validate
 
 GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
-STOP_GRACE_S = 5.0
-MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit  # SIGTERM first; SIGKILL whatever is still alive after this
+STOP_GRACE_S = 5.0  # SIGTERM first; SIGKILL whatever is still alive after this
+MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
 # The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -174,7 +175,10 @@ def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command,
     if echo:
         out.write(announce(command, written, why))
         out.flush()
-    exe = argv[0] if os.path.dirname(argv[0]) else shutil.which(argv[0], path=full_env.get("PATH"))
+    if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
+        exe = os.path.join(cwd or "", argv[0])
+    else:
+        exe = shutil.which(argv[0], path=full_env.get("PATH"))
     if not exe or not os.path.exists(exe):
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
@@ -238,7 +242,9 @@ def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command,
     finally:
         if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
             _halt(proc)
-    reader.join(timeout=5)
+        reader.join(timeout=5)
+        if not reader.is_alive() and proc.stdout:  # else something still holds the pipe: leave it to the thread
+            proc.stdout.close()
     _drain(q, lines, out if echo else None)
     status = _status(proc)
     if status.get("returncode") is None:
@@ -260,7 +266,7 @@ def _status(proc: subprocess.Popen) -> dict:
     """The guardian's status line (its last JSON line on stderr), once it has exited."""
     proc.wait()
     text = proc.stderr.read().decode("utf-8", errors="replace") if proc.stderr else ""
-    for stream in (proc.stdin, proc.stdout, proc.stderr):
+    for stream in (proc.stdin, proc.stderr):  # stdout: the reader thread owns it (closing it would wait on it)
         try:
             if stream:
                 stream.close()
@@ -439,6 +445,7 @@ def accelerate_launch(
     written: str | None = None,
     why: str = "",
     isolate_config: bool = True,
+    info: DeviceInfo | None = None,
 ) -> Result:
     """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
 
@@ -448,7 +455,9 @@ def accelerate_launch(
     variable, on a CPU-only host ``ACCELERATE_USE_CPU=1 ... --multi_gpu`` (the only way to
     get a real gloo group there). If a rendezvous port is taken meanwhile, retries on another.
     """
-    info = validate(device=device, num_processes=num_processes, mixed_precision=mixed_precision, timeout_s=timeout)
+    info = validate(
+        device=device, num_processes=num_processes, mixed_precision=mixed_precision, timeout_s=timeout, info=info
+    )
     plan = info.plan(num_processes, device)
     if plan.fallback and echo:
         print(f"[nbtools] NOTE {plan.note}")
@@ -456,25 +465,34 @@ def accelerate_launch(
     # The user's own setup must not change the launch: ACCELERATE_* variables exported in the
     # kernel, and the default config `accelerate config` wrote (distributed_type: DEEPSPEED,
     # mixed_precision: fp16, num_processes: 8, ...), which `accelerate launch` would read.
-    unset = tuple(k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env)
+    unset = foreign_accelerate_vars(run_env)
     if unset and echo:
         print(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
-    config_dir = None
-    config_flags: list[str] = []
-    if isolate_config and "--config_file" not in extra_flags:
-        config_dir = tempfile.mkdtemp(prefix="nbtools-accelerate-")
-        config_file = Path(config_dir) / "neutral_config.json"
-        config_file.write_text(json.dumps(NEUTRAL_CONFIG))
-        config_flags = ["--config_file", str(config_file)]
-    try:
+    isolate = isolate_config and "--config_file" not in extra_flags
+    with neutral_config() if isolate else contextlib.nullcontext([]) as config_flags:
         return _launch_tries(
             plan, script, script_args, mixed_precision, port, run_env, unset, [*config_flags, *extra_flags],
             dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why),
             check,
         )
+
+
+def foreign_accelerate_vars(launch_env: dict[str, str]) -> tuple[str, ...]:
+    """ACCELERATE_* variables of this environment that the launch does not set itself: to be removed."""
+    return tuple(k for k in os.environ if k.startswith("ACCELERATE_") and k not in launch_env)
+
+
+@contextlib.contextmanager
+def neutral_config():
+    """``["--config_file", <a file of NEUTRAL_CONFIG>]`` for the block, so that `accelerate launch` never
+    reads the user's own default config; the file is removed afterwards."""
+    folder = tempfile.mkdtemp(prefix="nbtools-accelerate-")
+    try:
+        path = Path(folder) / "neutral_config.json"
+        path.write_text(json.dumps(NEUTRAL_CONFIG))
+        yield ["--config_file", str(path)]
     finally:
-        if config_dir:
-            shutil.rmtree(config_dir, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, unset, extra_flags, run_kw, check) -> Result:

@@ -23,10 +23,6 @@ job inherits, and stopped from the top: SIGTERM to the topmost ones (the launche
 from __future__ import annotations
 
 import concurrent.futures
-import json
-import os
-import shutil
-import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -35,7 +31,8 @@ import psutil
 
 from . import commands
 from .errors import LaunchError, LaunchTimeout, ParameterError
-from .launcher import NEUTRAL_CONFIG, Result, announce, benign_blocks, run_command, shell_line
+from .launcher import Result, announce, benign_blocks, foreign_accelerate_vars, neutral_config, run_command, shell_line
+from .proctree import terminate_then_kill
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
 DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
@@ -92,7 +89,7 @@ def simulated(text: str) -> Job:
         flags = ["--multi_gpu", *flags]
     argv = [commands.executable("accelerate"), "launch", *flags]
     # The user's own Accelerate setup must not change the machines' launches (as for every launch).
-    unset = tuple(k for k in os.environ if k.startswith("ACCELERATE_") and k not in env)
+    unset = foreign_accelerate_vars(env)
     return Job(argv, env, written.text, SIMULATED_WHY, unset)
 
 
@@ -124,12 +121,8 @@ def stop(token: str, grace: float = 8.0) -> bool:
                 proc.terminate()
         except psutil.Error:
             pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)
-    for proc in alive + processes_of(token):
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    _, alive = psutil.wait_procs(procs, timeout=grace)  # the guardian stops its tree within its own grace
+    terminate_then_kill({p.pid: p for p in alive + processes_of(token)}.values(), grace=1.0)
     return True
 
 
@@ -218,18 +211,12 @@ def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str =
     for rank, job in enumerate(jobs):
         print(f"# machine {rank}:")
         print(announce(job.shown, job.written, job.why if rank == 0 else "").rstrip())
-    config_dir = tempfile.mkdtemp(prefix="nbtools-machines-")
-    try:  # Accelerate's own defaults, so that a default config from `accelerate config` is not read
-        config = os.path.join(config_dir, "neutral_config.json")
-        with open(config, "w") as f:
-            json.dump(NEUTRAL_CONFIG, f)
+    with neutral_config() as config_flags:  # a default config from `accelerate config` is not read
         for job in jobs:
             if "--config_file" not in job.argv:
-                job.hidden = ["--config_file", config]
+                job.hidden = config_flags
         start = time.monotonic()
         outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
-    finally:
-        shutil.rmtree(config_dir, ignore_errors=True)
     print_outcomes(outcomes)
     error = failure_error(outcomes, timeout)
     if error is not None:

@@ -133,6 +133,7 @@ def run_launch(text: str) -> Result:
             offline=not written.online,
             written=written.text,
             why=commands.launch_why(call, plan, info),
+            info=info,  # the same device answers the why line was made from
         )
     except LaunchError as exc:
         return _failed(exc, written)

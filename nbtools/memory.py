@@ -26,12 +26,11 @@ from collections.abc import Iterable, Mapping
 import psutil
 
 MB = 1e6
-_PROCESS = psutil.Process()
 
 
 def ram() -> tuple[int, int]:
     """(rss, private) of this process in bytes; private = rss minus shared/file-backed pages (Linux)."""
-    info = _PROCESS.memory_info()
+    info = psutil.Process().memory_info()  # this process now (a forked child is not its parent)
     return info.rss, info.rss - getattr(info, "shared", 0)
 
 

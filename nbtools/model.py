@@ -44,6 +44,11 @@ class RunReport:
     stopped_by: str = ""  # "SIGINT" / "SIGTERM" / "SIGHUP" when a signal stopped the run
 
     @property
+    def verdict(self) -> str:
+        """PASSED / FAILED / STOPPED by SIGxxx: the word the CLI, report.md and index.html lead with."""
+        return f"STOPPED by {self.stopped_by}" if self.stopped_by else ("PASSED" if self.ok else "FAILED")
+
+    @property
     def ok(self) -> bool:
         return (
             not self.stopped_by

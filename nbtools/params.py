@@ -159,7 +159,7 @@ def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
 
 # --- notebook parameters: what a notebook declares, and `-p NAME=VALUE` converted by its defaults ---
 
-_NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by
+NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by
 
 
 def _parameters_cell(nb):
@@ -191,14 +191,14 @@ def declared_parameters(nb) -> dict:
 
 
 def parameter_defaults(nb) -> dict:
-    """Name -> default value of the `parameters` cell (``_NO_DEFAULT`` where it is no literal)."""
+    """Name -> default value of the `parameters` cell (``NO_DEFAULT`` where it is no literal)."""
     cell = _parameters_cell(nb)
     out = {}
     for name, value in _assignments(cell.source) if cell else ():
         try:
             out[name] = ast.literal_eval(value)
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-            out[name] = _NO_DEFAULT
+            out[name] = NO_DEFAULT
     return out
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from .launcher import GUARD, MARKER_ENV, STOP_GRACE_S
+from .npusmi import parse_npu_smi, summary
 from .proctree import terminate_then_kill
 
 
@@ -115,7 +116,14 @@ def stop(launches: list[Launch], grace: float = STOP_GRACE_S) -> list[int]:
     _, alive = psutil.wait_procs(procs, timeout=grace + 3 if guardians else 0.1)
     # No guardian (it was killed), or it could not stop them: terminate, then kill.
     terminate_then_kill(alive, grace)
-    return [p.pid for p in alive if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    return [p.pid for p in alive if _live(p)]
+
+
+def _live(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # it ended between the two questions
+        return False
 
 
 def npu_processes(timeout: float = 20) -> str | None:
@@ -127,9 +135,10 @@ def npu_processes(timeout: float = 20) -> str | None:
         text = subprocess.run([exe, "info"], capture_output=True, text=True, timeout=timeout).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"npu-smi info failed: {exc}"
-    lines = text.splitlines()
-    start = next((i for i, ln in enumerate(lines) if "Process id" in ln), None)
-    return "\n".join(lines[start - 1 :] if start else lines)
+    try:
+        return summary(parse_npu_smi(text))  # one line per chip, then who holds an NPU
+    except ValueError:  # a layout the parser does not know: show it as it came
+        return text.rstrip()
 
 
 def select(launches: list[Launch], wanted=()) -> list[Launch]:

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import re
 
-from .expected import ANY_LINES, assert_matches
+from .expected import ANY_LINES, RANK_PREFIX, assert_matches
 
-RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
 _KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
 
 

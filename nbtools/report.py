@@ -22,7 +22,7 @@ _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 def summary_line(report: RunReport, counts: dict | None = None) -> str:
     """'PASSED: 11 passed, 1 skipped checks; 7/7 notebooks passed in 312.4 s' (the CLI's last line)."""
     counts = counts or status_counts(report)
-    verdict = f"STOPPED by {report.stopped_by}" if report.stopped_by else ("PASSED" if report.ok else "FAILED")
+    verdict = report.verdict
     checks = ", ".join(f"{n} {s}" for s, n in counts["checks"].items()) or "no"
     passed = counts["notebooks"].get("passed", 0)
     return (
@@ -54,7 +54,7 @@ def xml_text(text) -> str:
 
 
 def _esc(text: str) -> str:
-    return _NOT_XML.sub("", strip_ansi(str(text))).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
+    return xml_text(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
 def render_markdown(report: RunReport) -> str:

@@ -256,8 +256,7 @@ class _Stopper:
         self.known: dict[int, object] = {}  # pid -> psutil.Process: the kernel and its descendants
         self._saved: dict[int, object] = {}
         self._done = threading.Event()
-        self._killed = False
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # the signal handler may run while the main thread holds it
 
     @property
     def name(self) -> str:
@@ -337,7 +336,6 @@ class _Stopper:
     def _kill_kernel(self) -> None:
         self._remember()
         self._signal_kernel(signal.SIGKILL)
-        self._killed = True
 
     def begin(self, state: _KernelState) -> None:
         self.state = state
@@ -404,10 +402,10 @@ def run_notebooks(
         kernel=kernel,
     )
     run_root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
-    saved = {k: os.environ.get(k) for k in (CACHE_ENV, "TMPDIR")}
-    os.environ[CACHE_ENV] = json.dumps(info.raw)  # kernels reuse this probe instead of re-running it
     (run_root / "tmp").mkdir()
-    os.environ["TMPDIR"] = str(run_root / "tmp")  # whatever kernels leave in TMPDIR goes with run_root
+    # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
+    kernel_env = _environ({CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")})
+    kernel_env.__enter__()
     ipc = _ipc_dir(run_root)
     stopper = _Stopper(log)
     stopper.install()
@@ -479,11 +477,7 @@ def run_notebooks(
         if left:
             log(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
         report.stopped_by = stopper.name
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        kernel_env.__exit__(None, None, None)
         if keep_work:
             log(f"work dirs kept under {run_root}")
         else:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import params
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
+from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, device_label
 from .params import cleanup, unattended, validate
 
 _CURRENT: Session | None = None
@@ -29,7 +29,6 @@ def current() -> Session | None:
 class Session:
     info: DeviceInfo
     plan: LaunchPlan
-    device: str  # the resolved kind of the single-device checks: npu / cuda / cpu
     device_param: str  # the `device` parameter as given ('auto', ...): what launches are planned for
     num_processes: int
     timeout_s: float
@@ -37,6 +36,11 @@ class Session:
     keep_work_dir: bool = False
     origin: Path = field(default_factory=Path.cwd)  # the kernel's cwd before setup
     closed: bool = False
+
+    @property
+    def device(self) -> str:
+        """The kind the single-device checks run on (npu / cuda / cpu): the device parameter, resolved here."""
+        return self.info.resolve(self.device_param)
 
     @property
     def visible(self) -> str:
@@ -48,20 +52,15 @@ class Session:
 
     def platform_lines(self) -> list[str]:
         info = self.info
-        names = f" ({', '.join(sorted(set(info.names)))})" if info.names else ""
+        label = device_label(info.kind, info.count, info.names)
         if info.kind == "npu":
-            first = f"platform: NPU x{info.count}{names} -- the quick-start's own platform: every check runs for real"
+            first = f"platform: {label} -- the quick-start's own platform: every check runs for real"
         elif info.kind == "cuda":
-            first = (f"platform: CUDA x{info.count}{names} -- NOT checked here: torch_npu, CANN, hccl "
-                     "(nccl takes hccl's place)")
+            first = f"platform: {label} -- NOT checked here: torch_npu, CANN, hccl (nccl takes hccl's place)"
         else:
             first = ("platform: CPU 代跑 -- no NPU/CUDA here; NOT checked: torch_npu, CANN, hccl, device memory "
                      "(gloo takes hccl's place)")
-        v = info.versions
-        versions = "versions: " + ", ".join(
-            f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k)
-        )
-        lines = [first, versions]
+        lines = [first, info.versions_line()]
         lines += [f"PROBLEM: {p.what} -- fix: {p.fix}" for p in info.problems]
         lines.append(f"launch plan: {self.plan.note}")
         lines.append(f"work folder: {self.work} (cd there to rerun these commands in a terminal)")
@@ -118,7 +117,7 @@ def setup(
     )
     plan = info.plan(num_processes, device)
     work = _work_dir(work_dir, keep_work_dir, origin)
-    session = Session(info, plan, info.resolve(device), device, num_processes, timeout_s, work, keep_work_dir, origin)
+    session = Session(info, plan, device, num_processes, timeout_s, work, keep_work_dir, origin)
     os.chdir(work)
     _CURRENT = session
     if echo:

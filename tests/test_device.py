@@ -1,6 +1,8 @@
 """Device detection. The NPU and CUDA branches are tested by substituting ONLY the probe's
 answers (what torch / torch_npu would report on such a host); the plan logic is real."""
 
+import os
+
 import pytest
 
 from nbtools import DeviceError, ParameterError, detect, validate
@@ -60,7 +62,8 @@ def test_this_machine_is_detected_and_its_plan_follows():
     assert plan.num_processes == 2 and plan.flags[plan.flags.index("--num_processes") + 1] == "2"
     if info.count >= 2:  # a real hccl/nccl group on the first two devices
         assert plan.kind == kind and not plan.fallback
-        assert plan.env == {VISIBLE_VARS[kind]: plan.env[VISIBLE_VARS[kind]]} and plan.devices == [f"{kind}:0", f"{kind}:1"]
+        visible = [v.strip() for v in os.environ.get(VISIBLE_VARS[kind], "").split(",") if v.strip()] or ["0", "1"]
+        assert plan.env == {VISIBLE_VARS[kind]: ",".join(visible[:2])} and plan.devices == [f"{kind}:0", f"{kind}:1"]
     else:  # CPU only, or one accelerator: the gloo route, labelled a stand-in when it replaces one
         assert plan.kind == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"} and "--multi_gpu" in plan.flags
         assert plan.fallback == (kind != "cpu")

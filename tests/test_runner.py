@@ -301,6 +301,12 @@ def test_failed_notebook_names_its_kernel_log(tmp_path):
 
 # --- the kernel's environment: UTF-8 whatever the locale -------------------------------------
 
+def _skip_outside_ci(why: str) -> None:
+    if os.environ.get("CI"):  # CI's Debian has localedef: the GBK case must run there
+        pytest.fail(why)
+    pytest.skip(why)
+
+
 UTF8_TEXT = "中文输出 ✓ naïve 😀"  # the check mark and the emoji are not in GBK
 CHILD = f"print({UTF8_TEXT!r})"  # a Python child of the kernel, printing it
 
@@ -313,11 +319,11 @@ def gbk_locale(tmp_path_factory):
         if "gbk" in name.lower() or name.lower().endswith(".gb18030"):
             return {}, name
     if not shutil.which("localedef"):
-        pytest.skip("no GBK locale installed and no localedef to generate one")
+        _skip_outside_ci("no GBK locale installed and no localedef to generate one")
     d = tmp_path_factory.mktemp("locale")
     proc = subprocess.run(["localedef", "-i", "zh_CN", "-f", "GBK", str(d / "zh_CN.GBK")], capture_output=True, text=True)
     if proc.returncode not in (0, 1) or not (d / "zh_CN.GBK").exists():  # 1: warnings, locale written
-        pytest.skip(f"cannot generate a GBK locale: localedef exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        _skip_outside_ci(f"cannot generate a GBK locale: localedef exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
     return {"LOCPATH": str(d)}, "zh_CN.GBK"
 
 
@@ -401,21 +407,6 @@ def test_kernel_probe_uses_the_kernels_interpreter_fake_torch(tmp_path):
     assert report["device"]["versions"]["torch"] == "0.0.1+kerneltest", proc.stdout + proc.stderr
     assert "kernel torch=0.0.1+kerneltest" in text
     assert "torch 0.0.1+kerneltest" in proc.stdout and report["kernel"] == "other"
-
-
-VENV29 = Path("/work/venv29/bin/python")
-
-
-@pytest.mark.skipif(not VENV29.exists(), reason=f"{VENV29} (a second venv with another torch) is not on this machine")
-def test_kernel_probe_uses_the_kernels_interpreter_other_venv(tmp_path):
-    import torch
-
-    other = subprocess.run([str(VENV29), "-c", "import torch; print(torch.__version__)"], capture_output=True, text=True)
-    kernel_torch = other.stdout.strip()
-    assert kernel_torch and kernel_torch != torch.__version__  # the case is real
-    proc, report, text = kernel_run(tmp_path, str(VENV29))
-    assert report["device"]["versions"]["torch"] == kernel_torch, proc.stdout + proc.stderr
-    assert f"kernel torch={kernel_torch}" in text
 
 
 def test_ps_subcommand_calls_nbtools_ps(monkeypatch):
