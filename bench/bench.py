@@ -1,15 +1,18 @@
 """Benchmark: the quick-start's commands run bare beside the notebooks that hold its checks.
 
-    python bench/bench.py [--output DIR] [--repeat N] [--skip-series] [--skip-memory]
+    python bench/bench.py [--output DIR] [--rounds N] [--repeat N] [--skip-series] [--skip-memory]
 
-Run from the repository root, outside CI (a full run takes a few minutes). One run measures:
+Run from the repository root, outside CI (a full run takes several minutes). One run measures:
 
 1. bare: the quick-start's own commands, read from the notebooks themselves (their `%%writefile`,
    `%cmd`, `%%cmd` and `%launch` cells, in order, with the parameters' defaults), run through the
    same nbtools rules the notebooks use (commands.py, launcher.py) in a plain Python process: no
    kernel, no checks. There is one copy of those commands: the notebooks.
 2. series: `python -m nbtools run` on the same notebooks (kernel, checks, reports).
-3. both side by side per notebook, with the ratio series / bare (target: at most 1.0x);
+3. both side by side per notebook, medians of ``--rounds`` rounds whose order alternates (bare
+   first, then series first: a warm page cache or a load change favours neither), with the ratio
+   series / bare (target: at most 1.0x), and where the series' time went: the commands' cells,
+   the other cells (checks, pictures), and Jupyter's own (kernel handshake, saving, shutdown);
 4. launch overhead: `python -m nbtools launch` against a plain `accelerate launch` of the same
    script with the same flags (target: at most 0.3 s more);
 5. memory: the quick-start's Llama as an `init_empty_weights` skeleton (target: under 1 MB of
@@ -172,10 +175,53 @@ def run_series(paths: list[Path], out: Path, log=print) -> dict:
     wall = round(time.monotonic() - start, 2)
     report = json.loads((out / "report.json").read_text())
     per = {n["path"]: n["duration_s"] for n in report["notebooks"]}
-    log(f"  series: {wall:.1f} s, {report['summary']['checks']}")
+    log(f"  series: {report['duration_s']:.1f} s, {report['summary']['checks']}")
     if proc.returncode != 0:
         log(proc.stdout[-3000:])
-    return {"wall_s": wall, "ok": proc.returncode == 0, "per_notebook_s": per, "output": str(out)}
+    return {"wall_s": wall, "run_s": report["duration_s"], "ok": proc.returncode == 0, "per_notebook_s": per,
+            "split": {p.name: time_split(p, per.get(p.name, 0.0)) for p in sorted(out.glob("*.ipynb"))},
+            "output": str(out)}
+
+
+def time_split(path: Path, total: float) -> dict:
+    """Where one executed notebook's time went: its command cells, its other cells, Jupyter's own."""
+    nb = nbformat.read(path, as_version=4)
+    split = {"commands_s": 0.0, "other_cells_s": 0.0}
+    for cell in nb.cells:
+        duration = cell.get("metadata", {}).get("papermill", {}).get("duration")
+        if cell.cell_type == "code" and duration:
+            is_command = any(m in cell.source for m in ("%cmd", "%launch"))
+            split["commands_s" if is_command else "other_cells_s"] += duration
+    split["jupyter_s"] = total - split["commands_s"] - split["other_cells_s"]
+    return {k: round(v, 2) for k, v in split.items()}
+
+
+def rounds(paths: list[Path], out: Path, count: int, skip_series: bool, log=print) -> tuple[list, dict | None]:
+    """``count`` rounds of bare and series, the order alternating; per notebook, the medians."""
+    bare_runs, series_runs = [], []
+    for r in range(count):
+        log(f" round {r + 1}/{count}")
+        order = ["bare", "series"] if r % 2 == 0 else ["series", "bare"]
+        for what in order:
+            if what == "bare":
+                bare_runs.append([run_bare(p, log) for p in paths])
+            elif not skip_series:
+                series_runs.append(run_series(paths, out / f"series-{r + 1}", log))
+    bare = []
+    for i, p in enumerate(paths):
+        walls = [run[i]["wall_s"] for run in bare_runs]
+        bare.append({"notebook": p.name, "wall_s": round(statistics.median(walls), 2), "runs_s": walls,
+                     "steps": bare_runs[-1][i]["steps"]})
+    if not series_runs:
+        return bare, None
+    series = {"per_notebook_s": {}, "runs": series_runs, "ok": all(s["ok"] for s in series_runs),
+              "run_s": round(statistics.median(s["run_s"] for s in series_runs), 2), "split": {}}
+    for p in paths:
+        series["per_notebook_s"][p.name] = round(statistics.median(s["per_notebook_s"][p.name] for s in series_runs), 2)
+        series["split"][p.name] = {k: round(statistics.median(s["split"][p.name][k] for s in series_runs), 2)
+                                   for k in ("commands_s", "other_cells_s", "jupyter_s")}
+    series["output"] = series_runs[-1]["output"]
+    return bare, series
 
 
 def slowest_cells(out: Path, top: int = 8) -> list[dict]:
@@ -188,6 +234,12 @@ def slowest_cells(out: Path, top: int = 8) -> list[dict]:
                 first = next((ln for ln in cell.source.splitlines() if ln.strip()), "")
                 cells.append({"notebook": path.name, "cell": i, "s": round(duration, 2), "source": first[:70]})
     return sorted(cells, key=lambda c: -c["s"])[:top]
+
+
+def warm_up() -> None:
+    """Read the libraries every command imports once, untimed, so that the first round's first
+    command does not pay for a cold page cache that no later command pays for."""
+    subprocess.run([sys.executable, "-c", "import torch, accelerate, transformers"], capture_output=True)
 
 
 # ---------------------------------------------------------------- 4. launch overhead
@@ -278,18 +330,24 @@ def memory(scratch: Path, log=print) -> dict:
 
 # ---------------------------------------------------------------- report
 def render(res: dict) -> str:
-    lines = ["", "## The quick-start's commands bare vs the notebooks holding its checks", ""]
-    lines += ["| notebook | bare | series | series / bare |", "|---|---|---|---|"]
+    n = len(res.get("series", {}).get("runs", [])) or len(res["bare"][0].get("runs_s", [])) or 1
+    lines = ["", f"## The quick-start's commands bare vs the notebooks holding its checks (median of {n})", ""]
+    lines += ["| notebook | bare | series | series / bare | series: commands | series: other cells | series: Jupyter |",
+              "|---|---|---|---|---|---|---|"]
     bare_total = series_total = 0.0
     for b in res["bare"]:
         s = res.get("series", {}).get("per_notebook_s", {}).get(b["notebook"])
+        split = res.get("series", {}).get("split", {}).get(b["notebook"])
         bare_total += b["wall_s"]
         series_total += s or 0
         ratio = f"{s / b['wall_s']:.2f}x" if s else "-"
-        lines.append(f"| {b['notebook']} | {b['wall_s']:.1f} s | {f'{s:.1f} s' if s else '-'} | {ratio} |")
+        parts = " | ".join(f"{split[k]:.1f} s" for k in ("commands_s", "other_cells_s", "jupyter_s")) if split else "- | - | -"
+        lines.append(f"| {b['notebook']} | {b['wall_s']:.1f} s | {f'{s:.1f} s' if s else '-'} | {ratio} | {parts} |")
     if res.get("series"):
-        ratio = series_total / bare_total if bare_total else float("nan")
-        lines.append(f"| **total** | {bare_total:.1f} s | {series_total:.1f} s | **{ratio:.2f}x** |")
+        run_s = res["series"]["run_s"]  # the whole run: the first kernel's start and the reports too
+        ratio = run_s / bare_total if bare_total else float("nan")
+        lines.append(f"| **sum of notebooks** | {bare_total:.1f} s | {series_total:.1f} s | {series_total / bare_total:.2f}x | | | |")
+        lines.append(f"| **whole run** | {bare_total:.1f} s | {run_s:.1f} s | **{ratio:.2f}x** | | | |")
         res["series_vs_bare"] = round(ratio, 3)
     if res.get("launch"):
         la = res["launch"]
@@ -319,6 +377,7 @@ def render(res: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--output", default="bench-out")
+    ap.add_argument("--rounds", type=int, default=3, help="bare/series rounds, order alternating (medians are reported)")
     ap.add_argument("--repeat", type=int, default=5, help="launch-overhead pairs (medians are reported)")
     ap.add_argument("--skip-series", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
@@ -335,10 +394,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"notebooks holding the quick-start's checks: {', '.join(p.name for p in paths)}")
     with tempfile.TemporaryDirectory(prefix="nbtools-bench-") as scratch:
         os.environ["NBTOOLS_UNATTENDED"] = "1"  # the bare runs' work folders are private and removed
-        res["bare"] = [run_bare(p) for p in paths]
-        if not args.skip_series:
-            res["series"] = run_series(paths, out / "series")
-            res["slowest_cells"] = slowest_cells(out / "series")
+        warm_up()
+        res["bare"], series = rounds(paths, out, max(1, args.rounds), args.skip_series)
+        if series:
+            res["series"] = series
+            res["slowest_cells"] = slowest_cells(Path(series["output"]))
         res["launch"] = launch_overhead(Path(scratch), args.repeat)
         if not args.skip_memory:
             res["memory"] = memory(Path(scratch))

@@ -10,7 +10,8 @@
   kernel starts;
 - the device is probed with the kernel's own interpreter (``--kernel``);
 - kernels run unattended (NBTOOLS_UNATTENDED=1), write UTF-8 whatever the locale, talk over
-  IPC sockets, and log into ``<notebook>.kernel.log`` in the output dir, not the terminal;
+  IPC sockets, and log into ``<notebook>.kernel.log`` in the output dir, not the terminal; each
+  notebook's kernel starts while the notebook before it runs (kernels.py);
 - Ctrl-C, SIGTERM and SIGHUP interrupt the running kernel (its launches stop with it), shut
   it down, kill what is left of it after a grace period, and return what has been done.
 """
@@ -22,7 +23,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,17 +34,14 @@ import nbformat
 
 from .checks import SEED_CHECKS, VERDICT, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
-from .errors import NbtoolsError, ParameterError
+from .errors import ParameterError
+from .kernels import KernelsAhead, KernelState, ipc_dir
 from .model import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
 from .params import convert_parameters, declared_parameters, parameter_defaults
 from .proctree import terminate_then_kill
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
-# What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
-# reads NBTOOLS_UNATTENDED (a private temporary folder, removed at the end); the other two make
-# the kernel and every Python it starts write and read UTF-8 whatever the locale (LANG=C, GBK).
-KERNEL_ENV = {"NBTOOLS_UNATTENDED": "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
 KERNEL_LOG = "{stem}.kernel.log"  # in the output dir: the kernel process' own stdout/stderr
 STOP_GRACE_S = 4.0  # after a stop signal: time for the interrupted cell to stop its launches
 SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -170,74 +167,6 @@ def detect_for_kernel(name: str = DEFAULT_KERNEL) -> DeviceInfo:
         return from_probe(run_probe(python=exe))
 
 
-class RunStopped(NbtoolsError):
-    """A stop signal (Ctrl-C, SIGTERM, SIGHUP) arrived: the notebook starts no further cell."""
-
-
-class _KernelState:
-    """One notebook's kernel, as the runner sees it: its manager, and whether a cell is running."""
-
-    def __init__(self):
-        self.km = None
-        self.busy = False
-        self.stopping = False
-
-    def on_cell_execute(self, **_):
-        if self.stopping:  # a stop signal arrived between two cells: start no further cell
-            raise RunStopped("the run was stopped: no further cell starts")
-        self.busy = True
-
-    def on_cell_executed(self, **_):
-        self.busy = False
-
-    @property
-    def pid(self) -> int | None:
-        proc = getattr(getattr(self.km, "provisioner", None), "process", None)
-        return getattr(proc, "pid", None)
-
-
-def kernel_manager_class(state: _KernelState, log_path: Path, conn_dir: Path | None):
-    """A KernelManager class for one notebook (papermill takes a class, not an instance).
-
-    - IPC transport (unix sockets in the run's private temp dir) instead of TCP on localhost:
-      nothing listens on a port, and ipykernel does not warn "running over TCP without encryption";
-    - the kernel process' own stdout/stderr (ipykernel's log) go to ``log_path``, not the terminal;
-    - KERNEL_ENV in the kernel's environment;
-    - shutting down an idle kernel does not interrupt it first (jupyter_client sends SIGINT before
-      every shutdown; an idle ipykernel logs "KeyboardInterrupt caught in kernel" when it lands in a
-      message handler); a busy kernel (a timed-out cell) is still interrupted.
-    """
-    from jupyter_client.manager import AsyncKernelManager
-
-    class RunnerKernelManager(AsyncKernelManager):
-        def __init__(self, **kw):
-            if conn_dir is not None:
-                conn_dir.mkdir(parents=True, exist_ok=True)
-                kw.setdefault("transport", "ipc")
-                kw.setdefault("connection_file", str(conn_dir / f"{len(list(conn_dir.iterdir()))}.json"))
-            super().__init__(**kw)
-
-        async def _async_launch_kernel(self, kernel_cmd, **kw):
-            kw["env"] = {**(kw.get("env") or os.environ), **KERNEL_ENV}
-            with open(log_path, "ab") as log:
-                kw["stdout"], kw["stderr"] = log, subprocess.STDOUT
-                await super()._async_launch_kernel(kernel_cmd, **kw)
-            state.km = self
-
-        async def _async_interrupt_kernel(self):
-            if self.shutting_down and not state.busy:
-                return  # an idle kernel has nothing to interrupt
-            await super()._async_interrupt_kernel()
-
-    return RunnerKernelManager
-
-
-def _ipc_dir(run_root: Path) -> Path | None:
-    d = run_root / "k"
-    # a unix socket path holds at most 107 bytes: '<dir>/<n>-ipc-<port>'
-    return d if len(os.fsencode(str(d))) <= 90 else None
-
-
 class _Stopper:
     """Ctrl-C, SIGTERM and SIGHUP while notebooks run.
 
@@ -252,7 +181,7 @@ class _Stopper:
         self.log = log
         self.grace = grace
         self.signum: int | None = None
-        self.state: _KernelState | None = None
+        self.state: KernelState | None = None
         self.known: dict[int, object] = {}  # pid -> psutil.Process: the kernel and its descendants
         self._saved: dict[int, object] = {}
         self._done = threading.Event()
@@ -337,7 +266,7 @@ class _Stopper:
         self._remember()
         self._signal_kernel(signal.SIGKILL)
 
-    def begin(self, state: _KernelState) -> None:
+    def begin(self, state: KernelState) -> None:
         self.state = state
         if self.signum is not None:
             state.stopping = True
@@ -406,7 +335,7 @@ def run_notebooks(
     # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
     kernel_env = _environ({CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")})
     kernel_env.__enter__()
-    ipc = _ipc_dir(run_root)
+    kernels = KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root))
     stopper = _Stopper(log)
     stopper.install()
     t0 = time.monotonic()
@@ -428,13 +357,16 @@ def run_notebooks(
             if "work_dir" in declared[path] and "work_dir" not in parameters:
                 nb_params["work_dir"] = str(run_root / path.stem)
             log_path = output_dir / KERNEL_LOG.format(stem=path.stem)
-            log_path.write_bytes(b"")
-            state = _KernelState()
             log(f"[{i}/{len(notebooks)}] {rel}: running ...")
             start = time.monotonic()
             error = ""
+            state = KernelState()
             stopper.begin(state)
             try:
+                state, manager_class = kernels.take(path)  # started while the notebook before ran
+                stopper.begin(state)
+                if i < len(notebooks) and not stopper.signum:
+                    kernels.ahead(notebooks[i])  # the next notebook's kernel boots while this one runs
                 pm.execute_notebook(
                     str(path),
                     str(out_path),
@@ -442,8 +374,9 @@ def run_notebooks(
                     kernel_name=kernel,
                     cwd=str(path.parent),
                     execution_timeout=timeout,
+                    shutdown_kernel="immediate",  # after the last cell: nothing left to wait for (0.3 s a notebook)
                     progress_bar=False,
-                    kernel_manager_class=kernel_manager_class(state, log_path, ipc),
+                    kernel_manager_class=manager_class,
                     on_cell_execute=state.on_cell_execute,
                     on_cell_executed=state.on_cell_executed,
                 )
@@ -473,6 +406,7 @@ def run_notebooks(
                 problem = next(p for p in info.problems if p.blocking)
                 stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
     finally:
+        kernels.discard()
         left = stopper.finish()
         if left:
             log(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")

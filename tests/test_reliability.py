@@ -169,3 +169,50 @@ def test_a_second_ctrl_c_kills_at_once(tmp_path):
     assert left == [] and left_tree == [], (left, left_tree, stdout[-3000:])
     assert rc == 130 and "SIGINT again: killing the kernel now" in stdout, stdout[-3000:]
     assert "did not stop within" not in stdout
+
+
+def test_sigkill_to_run_leaves_no_kernel_nor_launch(tmp_path):
+    """Nothing can be done on SIGKILL: the kernels (the running one and the one started ahead)
+    notice their parent is gone, and the launch's guardian notices its kernel is gone."""
+    import time
+
+    rc, stdout, _, left, left_tree = _stop_mid_launch(tmp_path, ["SIGKILL"])
+    deadline = time.monotonic() + 10
+    while left_tree and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left_tree = _alive(left_tree)
+    assert rc == -9, stdout[-3000:]
+    assert left == [] and left_tree == [], (left, left_tree, stdout[-3000:])
+
+
+def test_the_next_kernel_starts_while_the_notebook_before_runs(tmp_path):
+    """The runner starts notebook N+1's kernel when N starts; it is a fresh kernel, in its own
+    notebook's folder, with the runner's environment, and nothing ran in it before its first cell."""
+    from test_runner import make_nb
+
+    d = tmp_path / "nbs"
+    (d / "sub").mkdir(parents=True)
+    ended = tmp_path / "first-ended"
+    make_nb(d / "00_first.ipynb", [(f"import time\ntime.sleep(3)\nopen({str(ended)!r}, 'w').write(repr(time.time()))", [])])
+    make_nb(
+        d / "sub" / "01_second.ipynb",
+        [("import json, os, sys, psutil\nprint(json.dumps({'born': psutil.Process().create_time(), 'cwd': os.getcwd(), "
+          "'unattended': os.environ.get('NBTOOLS_UNATTENDED'), 'names': sorted(k for k in globals() if not k.startswith('_')), "
+          "'pyplot': 'matplotlib.pyplot' in sys.modules}))", [])],
+    )
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "run", str(d / "00_first.ipynb"), str(d / "sub" / "01_second.ipynb"),
+         "--output", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    report = json.loads((out / "report.json").read_text(encoding="utf-8"))
+    assert [n["status"] for n in report["notebooks"]] == ["passed", "passed"], proc.stdout[-3000:]
+    second = json.loads((out / "01_second.ipynb").read_text(encoding="utf-8"))
+    seen = json.loads("".join(second["cells"][1]["outputs"][0]["text"]))
+    assert seen["born"] < float(ended.read_text()) - 1, "the second kernel started only after the first notebook"
+    assert seen["cwd"] == str(d / "sub") and seen["unattended"] == "1", seen
+    ipython_own = {"In", "Out", "exit", "quit", "get_ipython", "open"}
+    assert set(seen["names"]) - {"json", "os", "psutil", "sys"} <= ipython_own, seen["names"]
+    # the kernel started ahead imported matplotlib as it booted; the cell is still the kernel's first
+    assert seen["pyplot"] is True and second["cells"][1]["execution_count"] == 1, seen

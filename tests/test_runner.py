@@ -19,8 +19,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools import ParameterError, detect
 from nbtools.checks import SEED_CHECKS
+from nbtools.kernels import KERNEL_ENV
 from nbtools.params import convert_parameter, parse_params
-from nbtools.runner import KERNEL_ENV
 
 
 def make_nb(path: Path, cells: list[tuple[str, list[str]]]) -> Path:
