@@ -45,7 +45,7 @@ from IPython.core.inputtransformer2 import TransformerManager
 import nbtools
 from nbtools import commands, magics
 from nbtools.checks import SEED_CHECKS, check_ids
-from nbtools.launcher import free_port
+from nbtools.launcher import ABORT_RERUN_SAID, free_port
 from nbtools.params import NO_DEFAULT, parameter_defaults
 from nbtools.proctree import ProcessTree
 from nbtools.runner import SERIES_GLOB
@@ -160,8 +160,9 @@ def run_bare(path: Path, log=print) -> dict:
             session.close()
         os.chdir(origin)
     total = round(time.monotonic() - start, 2)
-    log(f"  bare {path.name}: {total:.1f} s ({len(timings)} commands)")
-    return {"notebook": path.name, "wall_s": total, "steps": timings}
+    reruns = sink.getvalue().count(ABORT_RERUN_SAID)
+    log(f"  bare {path.name}: {total:.1f} s ({len(timings)} commands{f', {reruns} launch rerun(s)' if reruns else ''})")
+    return {"notebook": path.name, "wall_s": total, "steps": timings, "reruns": reruns}
 
 
 # ---------------------------------------------------------------- 2. the same notebooks as a series
@@ -175,10 +176,11 @@ def run_series(paths: list[Path], out: Path, log=print) -> dict:
     wall = round(time.monotonic() - start, 2)
     report = json.loads((out / "report.json").read_text())
     per = {n["path"]: n["duration_s"] for n in report["notebooks"]}
-    log(f"  series: {report['duration_s']:.1f} s, {report['summary']['checks']}")
+    reruns = sum(p.read_text(encoding="utf-8").count(ABORT_RERUN_SAID) for p in out.glob("*.ipynb"))
+    log(f"  series: {report['duration_s']:.1f} s, {report['summary']['checks']}{f', {reruns} launch rerun(s)' if reruns else ''}")
     if proc.returncode != 0:
         log(proc.stdout[-3000:])
-    return {"wall_s": wall, "run_s": report["duration_s"], "ok": proc.returncode == 0, "per_notebook_s": per,
+    return {"wall_s": wall, "run_s": report["duration_s"], "ok": proc.returncode == 0, "reruns": reruns, "per_notebook_s": per,
             "split": {p.name: time_split(p, per.get(p.name, 0.0)) for p in sorted(out.glob("*.ipynb"))},
             "output": str(out)}
 
@@ -207,11 +209,14 @@ def rounds(paths: list[Path], out: Path, count: int, skip_series: bool, log=prin
                 bare_runs.append([run_bare(p, log) for p in paths])
             elif not skip_series:
                 series_runs.append(run_series(paths, out / f"series-{r + 1}", log))
+    bare_totals = [round(sum(nb["wall_s"] for nb in run), 2) for run in bare_runs]
     bare = []
     for i, p in enumerate(paths):
         walls = [run[i]["wall_s"] for run in bare_runs]
         bare.append({"notebook": p.name, "wall_s": round(statistics.median(walls), 2), "runs_s": walls,
                      "steps": bare_runs[-1][i]["steps"]})
+    bare[0]["round_totals_s"] = bare_totals  # the whole bare path, per round
+    bare[0]["round_reruns"] = [sum(nb.get("reruns", 0) for nb in run) for run in bare_runs]
     if not series_runs:
         return bare, None
     series = {"per_notebook_s": {}, "runs": series_runs, "ok": all(s["ok"] for s in series_runs),
@@ -221,6 +226,11 @@ def rounds(paths: list[Path], out: Path, count: int, skip_series: bool, log=prin
         series["split"][p.name] = {k: round(statistics.median(s["split"][p.name][k] for s in series_runs), 2)
                                    for k in ("commands_s", "other_cells_s", "jupyter_s")}
     series["output"] = series_runs[-1]["output"]
+    # the rounds paired: the same load and cache state for both halves of a round
+    series["paired_ratios"] = [round(sr["run_s"] / bt, 3) for sr, bt in zip(series_runs, bare_totals)]
+    # a gloo teardown abort reruns a whole launch (about 7 s here): rounds where neither side had one
+    series["clean_rounds"] = [i for i, sr in enumerate(series_runs)
+                              if sr["reruns"] == 0 and bare[0]["round_reruns"][i] == 0]
     return bare, series
 
 
@@ -344,10 +354,18 @@ def render(res: dict) -> str:
         parts = " | ".join(f"{split[k]:.1f} s" for k in ("commands_s", "other_cells_s", "jupyter_s")) if split else "- | - | -"
         lines.append(f"| {b['notebook']} | {b['wall_s']:.1f} s | {f'{s:.1f} s' if s else '-'} | {ratio} | {parts} |")
     if res.get("series"):
-        run_s = res["series"]["run_s"]  # the whole run: the first kernel's start and the reports too
-        ratio = run_s / bare_total if bare_total else float("nan")
+        run_s = res["series"]["run_s"]  # the whole run: the first kernel's start included
+        bare_run = statistics.median(res["bare"][0].get("round_totals_s") or [bare_total])
+        ratio = run_s / bare_run if bare_run else float("nan")
+        paired = res["series"].get("paired_ratios") or []
         lines.append(f"| **sum of notebooks** | {bare_total:.1f} s | {series_total:.1f} s | {series_total / bare_total:.2f}x | | | |")
-        lines.append(f"| **whole run** | {bare_total:.1f} s | {run_s:.1f} s | **{ratio:.2f}x** | | | |")
+        lines.append(f"| **whole path** | {bare_run:.1f} s | {run_s:.1f} s | **{ratio:.2f}x** | | | |")
+        if paired:
+            clean = res["series"].get("clean_rounds", [])
+            marks = [f"{r:.2f}x" + ("" if i in clean else " (a launch rerun)") for i, r in enumerate(paired)]
+            lines += ["", f"Per round (series / bare, the same round): {', '.join(marks)}; median {statistics.median(paired):.2f}x"
+                      + (f"; rounds with no launch rerun on either side: median {statistics.median(paired[i] for i in clean):.2f}x"
+                         if clean else "") + "."]
         res["series_vs_bare"] = round(ratio, 3)
     if res.get("launch"):
         la = res["launch"]

@@ -38,6 +38,7 @@ GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
 STOP_GRACE_S = 5.0  # SIGTERM first; SIGKILL whatever is still alive after this
 MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
+ABORT_RERUN_SAID = "running the whole launch again"  # in the line a rerun prints (the bench counts them)
 # The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -534,7 +535,7 @@ def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, uns
             if echo:
                 print(
                     "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
-                    "exception': a known gloo teardown race in torch on CPU); running the whole launch again "
+                    f"exception': a known gloo teardown race in torch on CPU); {ABORT_RERUN_SAID} "
                     f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
                 )
             continue
