@@ -85,6 +85,7 @@ def kernel_manager_class(state: KernelState, log_path: Path, conn_dir: Path | No
                 kw.setdefault("transport", "ipc")
                 kw.setdefault("connection_file", str(conn_dir / f"{next(_connection_numbers)}.json"))
             super().__init__(**kw)
+            self.client_factory = runner_kernel_client()  # what `client()` builds
 
         async def _async_launch_kernel(self, kernel_cmd, **kw):
             kw["env"] = {**(kw.get("env") or os.environ), **KERNEL_ENV}
@@ -97,10 +98,6 @@ def kernel_manager_class(state: KernelState, log_path: Path, conn_dir: Path | No
             if self.shutting_down and not state.busy:
                 return  # an idle kernel has nothing to interrupt
             await super()._async_interrupt_kernel()
-
-        def client(self, **kw):
-            kw.update({**self.get_connection_info(session=True), "connection_file": self.connection_file, "parent": self})
-            return runner_kernel_client()(**kw)
 
     return RunnerKernelManager
 

@@ -507,7 +507,7 @@ def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, uns
     num_processes = plan.num_processes
     base_argv = [executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
     shown_base = ["accelerate", "launch", *plan.flags, "--mixed_precision", mixed_precision]
-    tries = 4
+    tries = 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
     abort_reruns = 0
     for attempt in range(tries):
         port_flags: list[str] = []

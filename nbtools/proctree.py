@@ -39,14 +39,7 @@ class ProcessTree:
             pass
 
     def alive(self) -> list[psutil.Process]:
-        out = []
-        for proc in self.known.values():
-            try:
-                if proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                    out.append(proc)
-            except psutil.NoSuchProcess:
-                pass
-        return out
+        return [proc for proc in self.known.values() if is_alive(proc)]
 
     def stop(self, grace: float = 5.0) -> list[int]:
         """Stop the whole tree; returns the pids that had to be killed with SIGKILL.
@@ -62,6 +55,14 @@ class ProcessTree:
     def leftovers(self) -> list[psutil.Process]:
         """Known descendants (not the launcher) still alive after the launcher ended."""
         return [p for p in self.alive() if p.pid != self.root_pid]
+
+
+def is_alive(proc: psutil.Process) -> bool:
+    """Running and not a zombie; False when it ends between the two questions."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def terminate_then_kill(procs, grace: float = 5.0, kill_wait: float = 3.0) -> list[int]:

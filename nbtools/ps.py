@@ -20,7 +20,7 @@ import psutil
 
 from .launcher import GUARD, MARKER_ENV, STOP_GRACE_S
 from .npusmi import parse_npu_smi, summary
-from .proctree import terminate_then_kill
+from .proctree import is_alive, terminate_then_kill
 
 
 @dataclass
@@ -116,14 +116,7 @@ def stop(launches: list[Launch], grace: float = STOP_GRACE_S) -> list[int]:
     _, alive = psutil.wait_procs(procs, timeout=grace + 3 if guardians else 0.1)
     # No guardian (it was killed), or it could not stop them: terminate, then kill.
     terminate_then_kill(alive, grace)
-    return [p.pid for p in alive if _live(p)]
-
-
-def _live(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # it ended between the two questions
-        return False
+    return [p.pid for p in alive if is_alive(p)]
 
 
 def npu_processes(timeout: float = 20) -> str | None:

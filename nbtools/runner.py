@@ -38,7 +38,7 @@ from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
 from .model import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
 from .params import convert_parameters, declared_parameters, parameter_defaults
-from .proctree import terminate_then_kill
+from .proctree import is_alive, terminate_then_kill
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
@@ -281,18 +281,9 @@ class _Stopper:
         self.restore()
         if self.signum is None:
             return []
-        alive = [p for p in self.known.values() if _alive(p)]
+        alive = [p for p in self.known.values() if is_alive(p)]
         terminate_then_kill(alive, grace=6.0, kill_wait=2.0)
         return [p.pid for p in alive]
-
-
-def _alive(proc) -> bool:
-    import psutil
-
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def run_notebooks(
@@ -360,8 +351,6 @@ def run_notebooks(
             log(f"[{i}/{len(notebooks)}] {rel}: running ...")
             start = time.monotonic()
             error = ""
-            state = KernelState()
-            stopper.begin(state)
             try:
                 state, manager_class = kernels.take(path)  # started while the notebook before ran
                 stopper.begin(state)

@@ -90,16 +90,9 @@ def _stop_series(tmp_path: Path, marker: str, stubborn: bool = False) -> Path:
 
 
 def _alive(procs) -> list:
-    import psutil
+    from nbtools.proctree import is_alive
 
-    out = []
-    for p in procs:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
+    return [p for p in procs if is_alive(p)]
 
 
 def _stop_mid_launch(tmp_path: Path, signals: list[str], stubborn: bool = False):

@@ -14,7 +14,7 @@ from xml.etree import ElementTree as ET
 
 import nbformat
 import pytest
-from conftest import processes_mentioning
+from conftest import processes_mentioning, skip_outside_ci  # CI's Debian has localedef: GBK runs there
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools import ParameterError, detect
@@ -301,12 +301,6 @@ def test_failed_notebook_names_its_kernel_log(tmp_path):
 
 # --- the kernel's environment: UTF-8 whatever the locale -------------------------------------
 
-def _skip_outside_ci(why: str) -> None:
-    if os.environ.get("CI"):  # CI's Debian has localedef: the GBK case must run there
-        pytest.fail(why)
-    pytest.skip(why)
-
-
 UTF8_TEXT = "中文输出 ✓ naïve 😀"  # the check mark and the emoji are not in GBK
 CHILD = f"print({UTF8_TEXT!r})"  # a Python child of the kernel, printing it
 
@@ -319,11 +313,11 @@ def gbk_locale(tmp_path_factory):
         if "gbk" in name.lower() or name.lower().endswith(".gb18030"):
             return {}, name
     if not shutil.which("localedef"):
-        _skip_outside_ci("no GBK locale installed and no localedef to generate one")
+        skip_outside_ci("no GBK locale installed and no localedef to generate one")
     d = tmp_path_factory.mktemp("locale")
     proc = subprocess.run(["localedef", "-i", "zh_CN", "-f", "GBK", str(d / "zh_CN.GBK")], capture_output=True, text=True)
     if proc.returncode not in (0, 1) or not (d / "zh_CN.GBK").exists():  # 1: warnings, locale written
-        _skip_outside_ci(f"cannot generate a GBK locale: localedef exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+        skip_outside_ci(f"cannot generate a GBK locale: localedef exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
     return {"LOCPATH": str(d)}, "zh_CN.GBK"
 
 
