@@ -38,6 +38,11 @@ CANN_FIX = (
 _PROBE = r"""
 import json, sys
 out = {"python": sys.version.split()[0]}
+try:  # the kernel's IPython: 8 (Python 3.10) and 9 transform cells differently
+    from importlib.metadata import version
+    out["ipython"] = version("ipython")
+except Exception:
+    pass
 try:
     import torch
     out["torch"] = torch.__version__
@@ -48,6 +53,8 @@ try:
     import torch_npu
     out["torch_npu"] = getattr(torch_npu, "__version__", "unknown")
     out["cann"] = getattr(getattr(torch, "version", None), "cann", None)
+    # A simulated NPU (simnpu/, `nbtools run --simulate-npu`) marks its version "+simulated"
+    out["npu_simulated"] = "+simulated" in out["torch_npu"]
     out["npu_available"] = bool(torch.npu.is_available())
     n = torch.npu.device_count() if out["npu_available"] else 0
     out["npu_count"] = n
@@ -104,6 +111,7 @@ class DeviceInfo:
     visible_devices: str | None
     problems: list[Problem] = field(default_factory=list)
     bf16: bool = True  # bf16 supported on this device kind
+    simulated: bool = False  # an NPU simulated on the CPU (simnpu/): code paths and wiring, never the hardware
     raw: dict = field(default_factory=dict)
 
     @property
@@ -196,11 +204,20 @@ class DeviceInfo:
     def versions_line(self) -> str:
         v = self.versions
         return "versions: " + ", ".join(
-            f"{k} {v[k]}" for k in ("python", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k)
+            f"{k} {v[k]}" for k in ("python", "ipython", "torch", "torch_npu", "cann", "accelerate", "transformers") if v.get(k)
         )
 
+    @property
+    def label(self) -> str:
+        return device_label(self.kind, self.count, self.names, self.simulated)
+
+    @property
+    def real_npu(self) -> bool:
+        """An Ascend NPU that is hardware, not the simulation: what only a real card can answer needs this."""
+        return self.kind == "npu" and not self.simulated
+
     def summary(self) -> str:
-        parts = [f"device: {device_label(self.kind, self.count, self.names)}, backend {self.backend}"]
+        parts = [f"device: {self.label}, backend {self.backend}"]
         parts.append(self.versions_line())
         for p in self.problems:
             parts.append(f"PROBLEM: {p.what}\n  fix: {p.fix}")
@@ -213,12 +230,22 @@ class DeviceInfo:
         return d
 
 
-def device_label(kind: str, count: int, names=()) -> str:
-    """'CPU only (no NPU/CUDA visible)' or e.g. 'NPU x2 (Ascend910B4)': one label for the CLI and every report."""
+SIMULATED = "NPU (simulated on CPU)"
+
+
+def device_label(kind: str, count: int, names=(), simulated: bool = False) -> str:
+    """'CPU only (no NPU/CUDA visible)', 'NPU x2 (Ascend910B4)' or 'NPU (simulated on CPU) x2 (Ascend910B4)':
+    one label for the CLI and every report."""
     if kind == "cpu":
         return "CPU only (no NPU/CUDA visible)"
     unique = ", ".join(sorted(set(names or [])))
-    return f"{kind.upper()} x{count}" + (f" ({unique})" if unique else "")
+    head = SIMULATED if kind == "npu" and simulated else kind.upper()
+    return f"{head} x{count}" + (f" ({unique})" if unique else "")
+
+
+def device_line(device: dict) -> str:
+    """The same label from report.json's ``device`` (DeviceInfo.to_dict): report.md, junit.xml, index.html."""
+    return device_label(device.get("kind", "?"), device.get("count", 0), device.get("names"), device.get("simulated", False))
 
 
 def _visible_list(value: str | None, count: int) -> list[str]:
@@ -254,6 +281,7 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
     environ = os.environ if environ is None else environ
     versions = {
         "python": probe.get("python") or sys.version.split()[0],
+        "ipython": probe.get("ipython") or installed("ipython"),
         "torch": probe.get("torch") or installed("torch"),
         "torch_npu": probe.get("torch_npu") or installed("torch-npu") or installed("torch_npu"),
         "cann": probe.get("cann"),
@@ -276,9 +304,10 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
             )
         else:
             problems.append(Problem(err, "run `python -m nbtools doctor` for details"))
-    kind, count, names, bf16 = "cpu", 0, [], True
+    kind, count, names, bf16, simulated = "cpu", 0, [], True, False
     if probe.get("npu_available") and probe.get("npu_count", 0) > 0:
         kind, count, names = "npu", probe["npu_count"], list(probe.get("npu_names") or [])
+        simulated = bool(probe.get("npu_simulated"))
         # torch_npu's own answer; by name where a probe predates it (310P has no bf16 and fails at run time)
         bf16 = bool(probe.get("npu_bf16", not any("310P" in n for n in names)))
     elif probe.get("cuda_available") and probe.get("cuda_count", 0) > 0:
@@ -303,6 +332,7 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
         visible_devices=environ.get(var) if var else None,
         problems=problems,
         bf16=bf16,
+        simulated=simulated,
         raw=dict(probe),
     )
 

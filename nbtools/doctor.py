@@ -10,10 +10,11 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from .device import CANN_FIX, DeviceInfo, detect, device_label
-from .versions import installed, same_version
+from .device import CANN_FIX, DeviceInfo, detect
+from .versions import installed, requires_python, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 
@@ -76,10 +77,11 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     v = info.versions
     rows: list[Row] = []
     py = sys.version_info
-    if py < (3, 9):
-        rows.append(Row("python", v["python"], FAIL, "Python >= 3.9 is needed"))
+    supported = SpecifierSet(requires_python())
+    if not supported.contains(f"{py.major}.{py.minor}.{py.micro}"):
+        rows.append(Row("python", v["python"], FAIL, f"Python {supported} is needed (the versions CI runs the series on)"))
     elif f"{py.major}.{py.minor}" != QUICKSTART.get("python"):
-        rows.append(Row("python", v["python"], INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; other 3.9+ versions work"))
+        rows.append(Row("python", v["python"], INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; Python {supported} works"))
     else:
         rows.append(Row("python", v["python"], OK))
     for p in info.problems:
@@ -124,7 +126,7 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
         note = "" if status == OK else "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)"
         if info.kind == "npu" and not info.bf16:
             status, note = WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'"
-        rows.append(Row("devices", device_label(info.kind, info.count, info.names), status, note))
+        rows.append(Row("devices", info.label, status, note))
     for pkg, need in (("accelerate", None), ("transformers", "<5.0"), ("papermill", None), ("nbclient", None), ("ipykernel", None)):
         ver = installed(pkg)
         if not ver:

@@ -17,7 +17,7 @@ from urllib.parse import quote
 import nbformat
 
 from .checks import check_ids
-from .device import device_label
+from .device import device_line
 from .model import RunReport, status_counts
 
 INDEX = "index.html"
@@ -64,11 +64,6 @@ footer { margin-top: 28px; color: #59636e; font-size: 12px; }
 
 def _e(text) -> str:
     return html.escape("" if text is None else str(text), quote=True)
-
-
-def device_line(device: dict) -> str:
-    """The device label of report.md and the CLI (device.device_label), from report.json's device."""
-    return device_label(device.get("kind", "?"), device.get("count", 0), device.get("names"))
 
 
 def offline_exporter():

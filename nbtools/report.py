@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from xml.etree import ElementTree as ET
 
-from .device import device_label
+from .device import device_line
 from .model import RunReport, status_counts, strip_ansi
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
@@ -63,7 +63,7 @@ def render_markdown(report: RunReport) -> str:
         "# Notebook series run",
         "",
         f"- result: **{summary_line(report)}** (started {report.started})",
-        f"- device: {device_label(dev['kind'], dev['count'], dev.get('names'))}; backend {dev['backend']}",
+        f"- device: {device_line(dev)}; backend {dev['backend']}",
         "- versions: " + ", ".join(f"{k} {v}" for k, v in dev["versions"].items() if v),
         f"- kernel: {report.kernel}",
     ]
@@ -90,6 +90,8 @@ def render_markdown(report: RunReport) -> str:
 
 def write_junit(report: RunReport, path: Path) -> None:
     suite = ET.Element("testsuite", name="nbtools", time=f"{report.duration_s:.2f}")
+    props = ET.SubElement(suite, "properties")  # which device the verdicts hold for ("NPU (simulated on CPU) ...")
+    ET.SubElement(props, "property", name="device", value=xml_text(device_line(report.device)))
     for n in report.notebooks:
         case = ET.SubElement(suite, "testcase", classname="notebooks", name=xml_text(n.path), time=f"{n.duration_s:.2f}")
         if n.status != "passed":

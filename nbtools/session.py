@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import params
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, device_label
+from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .params import cleanup, unattended, validate
+
+NEEDS_REAL_NPU = "needs a real NPU"
 
 _CURRENT: Session | None = None
 
@@ -42,6 +44,18 @@ class Session:
         """The kind the single-device checks run on (npu / cuda / cpu): the device parameter, resolved here."""
         return self.info.resolve(self.device_param)
 
+    def only_on_npu(self, what: str) -> str | None:
+        """Why a check that only an Ascend card can answer does not run here, or None on a real NPU.
+
+        ``if (why := S.only_on_npu("...")): nbtools.skipped(id, why)``: off NPU "checked only on NPU: ...";
+        on the simulated NPU "needs a real NPU (this one is simulated on CPU): ...", never a pass.
+        """
+        if self.info.real_npu:
+            return None
+        if self.info.kind == "npu":
+            return f"{NEEDS_REAL_NPU} (this one is simulated on CPU): {what}"
+        return f"checked only on NPU: {what}"
+
     @property
     def visible(self) -> str:
         """The quick-start-style device list for num_processes ("0,1" for 2), as the plan uses it."""
@@ -52,8 +66,11 @@ class Session:
 
     def platform_lines(self) -> list[str]:
         info = self.info
-        label = device_label(info.kind, info.count, info.names)
-        if info.kind == "npu":
+        label = info.label
+        if info.kind == "npu" and info.simulated:
+            first = (f"platform: {label} -- 在 CPU 上模拟的 NPU：证明代码路径与连线（torch_npu、torch.npu、hccl、MULTI_NPU），"
+                     f"不证明硬件；只有真卡才能回答的检查记为 skipped（{NEEDS_REAL_NPU}）")
+        elif info.kind == "npu":
             first = f"platform: {label} -- the quick-start's own platform: every check runs for real"
         elif info.kind == "cuda":
             first = f"platform: {label} -- NOT checked here: torch_npu, CANN, hccl (nccl takes hccl's place)"

@@ -30,6 +30,20 @@ def same_version(a: str | None, b: str | None) -> bool:
     return a.strip() == b.strip() or public_version(a) == public_version(b)
 
 
+DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (the import name is nbtools)
+
+
+def requires_python() -> str:
+    """This package's Requires-Python (pyproject.toml's ``requires-python``: the lowest Python CI runs),
+    from the installed metadata; "" when nbtools runs from a checkout that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.metadata(DISTRIBUTION).get("Requires-Python") or ""
+    except metadata.PackageNotFoundError:
+        return ""
+
+
 def installed(distribution: str) -> str | None:
     """The installed version of a distribution (from its metadata, no import), or None."""
     from importlib import metadata

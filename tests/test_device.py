@@ -167,3 +167,24 @@ def test_an_existing_work_dir_is_never_removed(tmp_path):
     assert (tmp_path / "mine.txt").exists()
     fresh = nbtools.work_dir(str(tmp_path / "new"))
     assert "removed" in nbtools.cleanup(fresh) and not fresh.exists()
+
+
+def test_doctor_holds_python_to_the_floor_the_package_declares(monkeypatch):
+    """The floor is pyproject's requires-python (the lowest Python CI runs), read from the installed metadata."""
+    import sys
+    from collections import namedtuple
+
+    import tomllib
+
+    from nbtools import doctor
+    from nbtools.versions import requires_python
+
+    with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml"), "rb") as f:
+        assert requires_python() == tomllib.load(f)["project"]["requires-python"] == ">=3.10"
+    info = from_probe(CPU)
+    VersionInfo = namedtuple("VersionInfo", "major minor micro releaselevel serial")
+    monkeypatch.setattr(sys, "version_info", VersionInfo(3, 9, 18, "final", 0))
+    row = next(r for r in doctor.diagnose(info) if r.what == "python")
+    assert (row.status, row.note) == (doctor.FAIL, "Python >=3.10 is needed (the versions CI runs the series on)")
+    monkeypatch.setattr(sys, "version_info", VersionInfo(3, 10, 13, "final", 0))
+    assert next(r for r in doctor.diagnose(info) if r.what == "python").status != doctor.FAIL
