@@ -166,10 +166,10 @@ def run_bare(path: Path, log=print) -> dict:
 
 
 # ---------------------------------------------------------------- 2. the same notebooks as a series
-def run_series(paths: list[Path], out: Path, log=print) -> dict:
+def run_series(paths: list[Path], out: Path, log=print, options: tuple[str, ...] = ()) -> dict:
     start = time.monotonic()
     proc = subprocess.run(  # `nbtools run` stops its own kernels and launches on any way out
-        [sys.executable, "-m", "nbtools", "run", *map(str, paths), "--output", str(out)],
+        [sys.executable, "-m", "nbtools", "run", *options, *map(str, paths), "--output", str(out)],
         capture_output=True,
         text=True,
     )
@@ -232,6 +232,14 @@ def rounds(paths: list[Path], out: Path, count: int, skip_series: bool, log=prin
     series["clean_rounds"] = [i for i, sr in enumerate(series_runs)
                               if sr["reruns"] == 0 and bare[0]["round_reruns"][i] == 0]
     return bare, series
+
+
+def cpu_vs_simulated(out: Path, log=print) -> dict:
+    """The whole series twice: on this machine as it is, and on the simulated NPU (``--simulate-npu``)."""
+    everything = sorted(NOTEBOOKS.glob("[0-9][0-9]*_*.ipynb"))
+    log(" the whole series, as this machine is, then on the simulated NPU")
+    return {"here": run_series(everything, out / "series-here", log),
+            "simulated": run_series(everything, out / "series-simulated-npu", log, ("--simulate-npu",))}
 
 
 def slowest_cells(out: Path, top: int = 8) -> list[dict]:
@@ -367,6 +375,15 @@ def render(res: dict) -> str:
                       + (f"; rounds with no launch rerun on either side: median {statistics.median(paired[i] for i in clean):.2f}x"
                          if clean else "") + "."]
         res["series_vs_bare"] = round(ratio, 3)
+    if res.get("simulated"):
+        here, sim = res["simulated"]["here"], res["simulated"]["simulated"]
+        lines += ["", "## The whole series: this machine vs the simulated NPU (`--simulate-npu`)", "",
+                  f"| notebook | {res['machine']['device']} | NPU (simulated on CPU) | simulated / here |", "|---|---|---|---|"]
+        for name, t in here["per_notebook_s"].items():
+            t_sim = sim["per_notebook_s"].get(name)
+            lines.append(f"| {name} | {t:.1f} s | {f'{t_sim:.1f} s' if t_sim else '-'} | {f'{t_sim / t:.2f}x' if t_sim and t else '-'} |")
+        lines.append(f"| **whole run** | {here['run_s']:.1f} s | {sim['run_s']:.1f} s | **{sim['run_s'] / here['run_s']:.2f}x** |")
+        lines += ["", f"Both runs passed: {here['ok'] and sim['ok']}."]
     if res.get("launch"):
         la = res["launch"]
         lines += ["", "## Launch overhead", "", "| plain `accelerate launch` | `python -m nbtools launch` | overhead |", "|---|---|---|"]
@@ -399,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="launch-overhead pairs (medians are reported)")
     ap.add_argument("--skip-series", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
+    ap.add_argument("--skip-simulated", action="store_true", help="skip the whole series here vs on the simulated NPU")
     args = ap.parse_args(argv)
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -417,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
         if series:
             res["series"] = series
             res["slowest_cells"] = slowest_cells(Path(series["output"]))
+        if not args.skip_simulated:
+            res["simulated"] = cpu_vs_simulated(out)
         res["launch"] = launch_overhead(Path(scratch), args.repeat)
         if not args.skip_memory:
             res["memory"] = memory(Path(scratch))

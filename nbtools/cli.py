@@ -12,9 +12,23 @@ from pathlib import Path
 from .errors import LaunchError, LaunchTimeout, NbtoolsError
 
 
+def _simulate(args) -> None:
+    """--simulate-npu: this process and every process it starts see the simulated NPU (simulate.py)."""
+    if not getattr(args, "simulate_npu", False):
+        return
+    import os
+
+    from .simulate import environment, prepare
+
+    env = environment(args.npu_cards, args.npu_soc)
+    os.environ.update(env)
+    prepare(env)
+
+
 def _cmd_launch(args) -> int:
     from .launcher import accelerate_launch
 
+    _simulate(args)
     try:
         result = accelerate_launch(
             args.script,
@@ -43,6 +57,7 @@ def _cmd_run(args) -> int:
 
     params = parse_params(args.param)
     notebooks = discover(args.notebooks)
+    _simulate(args)
     out = Path(args.output) if args.output else Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S")
     info = detect_for_kernel(args.kernel)  # the kernel's interpreter, not this one, is what the notebooks get
     print(info.summary())
@@ -92,6 +107,7 @@ def _cmd_doctor(args) -> int:
 def _cmd_detect(args) -> int:
     from .device import detect
 
+    _simulate(args)
     info = detect()
     if args.json:
         d = info.to_dict()
@@ -103,11 +119,29 @@ def _cmd_detect(args) -> int:
     return 0
 
 
+def _simulation_options() -> argparse.ArgumentParser:
+    from .simulate import DEFAULT_CARDS, DEFAULT_SOC, SOCS
+
+    sim = argparse.ArgumentParser(add_help=False)
+    g = sim.add_argument_group("simulated NPU (proves code paths and wiring on a CPU, never the hardware)")
+    g.add_argument(
+        "--simulate-npu",
+        action="store_true",
+        help="run on the repository's simulated Ascend NPU (simnpu/): torch_npu, torch.npu, hccl over gloo, npu-smi",
+    )
+    g.add_argument("--npu-cards", type=int, default=DEFAULT_CARDS, help=f"simulated cards on the host (default {DEFAULT_CARDS}); "
+                   "ASCEND_RT_VISIBLE_DEVICES selects among them as on a real host")
+    g.add_argument("--npu-soc", default=DEFAULT_SOC, choices=SOCS, help=f"the simulated card (default {DEFAULT_SOC}; "
+                   "Ascend310P3 has no bf16)")
+    return sim
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nbtools", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
+    sim = _simulation_options()
 
-    r = sub.add_parser("run", help="execute notebooks with papermill and write report.json/report.md/junit.xml")
+    r = sub.add_parser("run", parents=[sim], help="execute notebooks with papermill and write report.json/report.md/junit.xml")
     r.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
     r.add_argument("--output", help="output dir (default: nbtools-output/<timestamp>)")
@@ -121,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
     r.set_defaults(func=_cmd_run)
 
-    la = sub.add_parser("launch", help="accelerate launch a script with the right flags for this machine")
+    la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")
     la.add_argument("--num-processes", type=int, default=2)
     la.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
     la.add_argument("--device", default="auto", help="auto | npu | cuda | cpu")
@@ -145,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ps.set_defaults(func=_cmd_ps)
 
-    de = sub.add_parser("detect", help="print what this machine is and how a real N-process group starts here")
+    de = sub.add_parser("detect", parents=[sim], help="print what this machine is and how a real N-process group starts here")
     de.add_argument("--json", action="store_true")
     de.add_argument("--num-processes", type=int, default=2)
     de.set_defaults(func=_cmd_detect)

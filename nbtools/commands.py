@@ -308,5 +308,6 @@ def launch_why(call: LaunchCall, plan: LaunchPlan, info: DeviceInfo) -> str:
         parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
     if n > 1:
         parts.append("a free rendezvous port instead of 29500")
-    parts.append("Accelerate's defaults given explicitly, so no `accelerate config` file of yours changes the run")
+    parts.append("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
+                 "`accelerate config` file of yours changes the run")
     return "; ".join(parts)

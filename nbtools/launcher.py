@@ -470,17 +470,41 @@ def accelerate_launch(
     if unset and echo:
         print(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
     isolate = isolate_config and "--config_file" not in extra_flags
-    with neutral_config() if isolate else contextlib.nullcontext([]) as config_flags:
-        return _launch_tries(
-            plan, script, script_args, mixed_precision, port, run_env, unset, [*config_flags, *extra_flags],
-            dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why),
-            check,
-        )
+    config_flags = launch_config(plan, cwd if cwd is not None else os.getcwd()) if isolate else []
+    return _launch_tries(
+        plan, script, script_args, mixed_precision, port, run_env, unset, [*config_flags, *extra_flags],
+        dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why),
+        check,
+    )
 
 
 def foreign_accelerate_vars(launch_env: dict[str, str]) -> tuple[str, ...]:
     """ACCELERATE_* variables of this environment that the launch does not set itself: to be removed."""
     return tuple(k for k in os.environ if k.startswith("ACCELERATE_") and k not in launch_env)
+
+
+def launch_config(plan: LaunchPlan, folder: str | os.PathLike) -> list[str]:
+    """``["--config_file", NAME]``: Accelerate's defaults for this plan, written as NAME into ``folder`` (the
+    launch's working directory) and kept there, so that the printed command runs as printed from it.
+
+    The distributed type is the one ``accelerate launch`` picks by itself: with a config file it no longer
+    switches to MULTI_NPU for ``--num_processes N`` on N visible NPUs (it does so only when it reads no
+    config), so on NPU the file says MULTI_NPU; everywhere else the plan's flags decide (NO here).
+    """
+    config = dict(NEUTRAL_CONFIG)
+    if plan.kind == "npu" and plan.num_processes > 1:
+        config["distributed_type"] = plan.distributed_type
+    name = f"accelerate_config_{config['distributed_type'].lower()}.json"
+    text = json.dumps(config, indent=2) + "\n"
+    path = Path(folder) / name
+    try:
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
+        return ["--config_file", name]
+    except OSError:  # a read-only working directory: a private copy (then the printed path is absolute)
+        path = Path(tempfile.mkdtemp(prefix="nbtools-accelerate-")) / name
+        path.write_text(text, encoding="utf-8")
+        return ["--config_file", str(path)]
 
 
 @contextlib.contextmanager

@@ -1,0 +1,38 @@
+"""Simulated torch_npu: an Ascend NPU backend that runs on the CPU (see simnpu/README.md).
+
+``torch_npu.__version__`` carries the local label ``+simulated``; that label is the one way to
+tell this stand-in from the real torch_npu. It defines only names the real torch_npu 2.9.0.post2
+defines; its machinery lives in the private package ``_simnpu`` beside it.
+"""
+import os  # noqa: F401  (bound by the real torch_npu too)
+import sys
+
+import torch
+
+# The real torch_npu refuses to share a process with another accelerator backend.
+if torch._C._get_accelerator().type not in ("cpu", "privateuseone", "npu"):
+    raise RuntimeError(
+        "Two accelerators cannot be used at the same time in PyTorch: npu and "
+        f"{torch._C._get_accelerator().type}. You can install the cpu version of PyTorch to use your "
+        f"npu device, or use the {torch._C._get_accelerator().type} device with "
+        "'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'.")
+
+__import__("_simnpu._boot")          # build/load the C++ part, register device, hccl, ...
+
+import torch_npu.npu  # noqa: E402,F401  (binds torch_npu.npu)
+from torch_npu.version import __version__ as __version__  # noqa: E402
+
+__all__ = ["npu_fusion_attention"]
+
+
+def npu_fusion_attention(*args, **kwargs):
+    raise NotImplementedError(
+        "npu_fusion_attention (Ascend's fused attention kernel) is not available on the simulated NPU")
+
+
+sys.modules["_simnpu._boot"].finish(sys.modules[__name__])
+
+
+# Entry point torch calls on 'import torch' (torch.backends entry point), as in the real wheel.
+def _autoload():
+    pass

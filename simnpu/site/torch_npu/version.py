@@ -1,0 +1,1 @@
+__version__ = '2.9.0.post2+simulated'

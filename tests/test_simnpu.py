@@ -1,0 +1,418 @@
+"""simnpu: the simulated Ascend NPU (a stand-in torch_npu on the CPU). Real processes, no mocks:
+each test starts Python or `accelerate launch` with simnpu/site on PYTHONPATH, as a user would."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+from conftest import ROOT, processes_mentioning, skip_outside_ci
+
+pytest.importorskip("torch")
+pytest.importorskip("accelerate")
+if shutil.which("g++") is None and not os.environ.get("CXX"):
+    pytest.skip("simnpu builds a small C++ guard at first import: needs g++", allow_module_level=True)
+
+SIMNPU = os.path.join(ROOT, "simnpu")
+SITE = os.path.join(SIMNPU, "site")
+NPU_SMI = os.path.join(SIMNPU, "bin", "npu-smi")
+API = os.path.join(SIMNPU, "api", "torch_npu-2.9.0.post2.json")
+BIN = os.path.dirname(sys.executable)
+
+GATHER = """\
+import torch
+from accelerate import Accelerator
+accelerator = Accelerator()
+x = torch.tensor([1, 2, 3], device=accelerator.device)
+(gathered,) = accelerator.gather_for_metrics((x,))
+accelerator.print(f'world={accelerator.num_processes}')
+accelerator.print(f'device={gathered.device.type}')
+accelerator.print(f'gathered={gathered.tolist()}')
+print(f'rank={accelerator.process_index} type={accelerator.distributed_type} '
+      f'backend={accelerator.state.backend} on={accelerator.device}', flush=True)
+accelerator.end_training()
+"""
+
+TRAIN = """\
+import os, sys, torch, torch.nn as nn
+from torch.utils.data import DataLoader, TensorDataset
+from accelerate import Accelerator
+from accelerate.utils import set_seed
+set_seed(0)
+acc = Accelerator(mixed_precision="bf16")
+seen = []
+X = torch.randn(64, 8); Y = (X.sum(1) > 0).long()
+dl = DataLoader(TensorDataset(X, Y), batch_size=8, shuffle=True)
+model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+model[0].register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+model, opt, dl = acc.prepare(model, opt, dl)
+first = lambda: acc.unwrap_model(model)[0].weight.detach().cpu().clone()
+w0 = first()
+for x, y in dl:
+    out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    acc.backward(loss); opt.step(); opt.zero_grad()
+w1 = first()
+acc.save_state(sys.argv[1]); acc.wait_for_everyone()
+with torch.no_grad():
+    acc.unwrap_model(model)[0].weight.add_(1.0)
+acc.load_state(sys.argv[1])
+print(f"rank={acc.process_index} world={acc.num_processes} type={acc.distributed_type} "
+      f"wrapped={type(model).__name__} param={next(model.parameters()).device} out={out.dtype} "
+      f"inner={seen[-1]} changed={not torch.equal(w0, w1)} restored={torch.equal(w1, first())} "
+      f"files={sorted(os.listdir(sys.argv[1]))}", flush=True)
+acc.end_training()
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sim_env(tmp, **extra) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("SIMNPU_", "ASCEND_", "ACCELERATE_", "MASTER_"))}
+    env.update(PYTHONPATH=SITE, PATH=os.pathsep.join([BIN, os.path.join(SIMNPU, "bin"), env.get("PATH", "")]),
+               SIMNPU_STATE_DIR=str(tmp / "state"))
+    env.update(extra)
+    return env
+
+
+def run(cmd, env, cwd, timeout=150) -> subprocess.CompletedProcess:
+    """Run in a new session; on timeout kill the whole group (the launcher and its ranks)."""
+    p = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"timed out after {timeout}s: {cmd}\n{out[-3000:]}")
+    return subprocess.CompletedProcess(cmd, p.returncode, out, "")
+
+
+def py(code, env, cwd, timeout=90) -> subprocess.CompletedProcess:
+    return run([sys.executable, "-c", textwrap.dedent(code)], env, cwd, timeout)
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory):
+    d = tmp_path_factory.mktemp("simnpu")
+    (d / "gather_npu.py").write_text(GATHER)
+    (d / "train_npu.py").write_text(TRAIN)
+    # build the C++ guard once here, so the ranks of the first launch find it built
+    r = py("import torch, torch_npu; print(torch_npu.__version__)", sim_env(d), d)
+    assert r.returncode == 0, r.stdout
+    yield d
+    deadline = time.monotonic() + 15
+    while running_in(d) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert running_in(d) == [], "simulated ranks outlived their test"
+
+
+def running_in(folder) -> list[int]:
+    """Live processes whose working directory is ``folder`` (the launches run there)."""
+    found = []
+    for p in psutil.process_iter(["status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and p.cwd() == str(folder):
+                found.append(p.pid)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return found
+
+
+def test_quick_start_gather_launch_as_written(work):
+    r = run(["accelerate", "launch", "--num_processes", "2", "gather_npu.py"],
+            sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0,1"), work)
+    assert r.returncode == 0, r.stdout
+    # the ranks share one pipe and their lines can interleave mid-line: look for text, not lines
+    for want in ("world=2", "device=npu", "gathered=[1, 2, 3, 1, 2, 3]"):
+        assert want in r.stdout, r.stdout
+    for rank in (0, 1):
+        assert f"rank={rank} type=DistributedType.MULTI_NPU backend=hccl on=npu:{rank}" in r.stdout, r.stdout
+    assert "[Gloo]" not in r.stdout   # real HCCL prints no gloo chatter
+
+
+def launch_gather(work, fault):
+    return run(["accelerate", "launch", "--num_processes", "2", "--main_process_port", str(free_port()),
+                "gather_npu.py"], sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0,1", SIMNPU_FAULT=fault), work)
+
+
+def test_fault_one_device_cannot_pass_for_two_ranks(work):
+    r = launch_gather(work, "one_device")
+    looks_right = ("world=2" in r.stdout and "gathered=[1, 2, 3, 1, 2, 3]" in r.stdout
+                   and "on=npu:1" in r.stdout)
+    assert not looks_right, r.stdout
+
+
+def test_fault_allgather_local_does_not_gather(work):
+    r = launch_gather(work, "allgather_local")
+    assert "world=2" in r.stdout, r.stdout
+    assert "gathered=[1, 2, 3, 1, 2, 3]" not in r.stdout, r.stdout
+
+
+def test_bf16_ddp_training_with_save_and_load_state(work):
+    ckpt = work / "ckpt"
+    r = run(["accelerate", "launch", "--num_processes", "2", "--main_process_port", str(free_port()),
+             "train_npu.py", str(ckpt)], sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0,1"), work)
+    assert r.returncode == 0, r.stdout
+    for rank in (0, 1):
+        # ranks share one pipe: a rank's line may be glued to the other's, so look for it anywhere
+        found = re.search(rf"rank={rank} world=.*?files=\[[^\]]*\]", r.stdout)
+        assert found, r.stdout
+        line = found.group(0)
+        assert "world=2 type=DistributedType.MULTI_NPU wrapped=DistributedDataParallel" in line
+        assert f"param=npu:{rank} out=torch.float32 inner=torch.bfloat16" in line   # autocast inside
+        assert "changed=True restored=True" in line
+        assert "model.safetensors" in line and "optimizer.bin" in line
+
+
+SINGLE = """
+import torch
+print("available", torch.npu.is_available(), "count", torch.npu.device_count(),
+      "bf16", torch.npu.is_bf16_supported(), "name", torch.npu.get_device_name(0))
+try:
+    torch.ones(2, device="npu").to(torch.bfloat16)
+    print("bf16 tensor ok")
+except RuntimeError as e:
+    print("bf16 tensor refused:", e)
+"""
+
+
+def test_310p_has_no_bf16_and_one_visible_card(work):
+    r = py(SINGLE, sim_env(work, SIMNPU_SOC="Ascend310P3"), work)
+    assert "available True count 2 bf16 False name Ascend310P3" in r.stdout, r.stdout
+    assert "bf16 tensor refused:" in r.stdout and "DT_BFLOAT16" in r.stdout, r.stdout
+    r = py(SINGLE, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0"), work)
+    assert "available True count 1 bf16 True name Ascend910B4" in r.stdout, r.stdout
+    assert "bf16 tensor ok" in r.stdout, r.stdout
+
+
+def test_visible_devices_rules_and_device_api(work):
+    code = """
+    import os, torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from accelerate import init_empty_weights, load_checkpoint_and_dispatch
+    cfg = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    ref = LlamaForCausalLM(cfg).eval()
+    ref.save_pretrained("llama", safe_serialization=True)
+    with init_empty_weights():
+        m = LlamaForCausalLM(cfg)
+    dm = {"model.embed_tokens": "npu:0", "model.rotary_emb": "npu:0", "model.layers.0": "npu:0",
+          "model.layers.1": "npu:1", "model.norm": "npu:1", "lm_head": "npu:1"}
+    m = load_checkpoint_and_dispatch(m, "llama", device_map=dm)
+    ids = torch.tensor([[1, 2, 3]])
+    torch.testing.assert_close(m(ids.to("npu:0")).logits.cpu(), ref(ids).logits)
+    print("dispatch", sorted({str(p.device) for p in m.parameters()}))
+    a0 = torch.npu.memory_allocated(1)
+    x = torch.empty(1024, 1024, device="npu:1")
+    grew = torch.npu.memory_allocated(1) - a0
+    del x
+    print("grew", grew, "freed", torch.npu.memory_allocated(1) == a0,
+          "peak", torch.npu.max_memory_allocated(1) >= a0 + grew)
+    torch.npu.reset_peak_memory_stats(1)
+    free, total = torch.npu.mem_get_info(1)
+    print("peak reset", torch.npu.max_memory_allocated(1) == a0, "hbm", total, free < total)
+    torch.npu.manual_seed(7); torch.npu.manual_seed_all(7)
+    s = torch.npu.get_rng_state(); a = torch.randn(4, device="npu"); torch.npu.set_rng_state(s)
+    print("rng", torch.equal(a.cpu(), torch.randn(4, device="npu").cpu()))
+    torch.npu.set_device(1); torch.npu.synchronize()
+    print("current", torch.npu.current_device(), torch.zeros(1, device="npu").device)
+    import torch_npu
+    print("versions", torch_npu.__version__, torch.version.cann)
+    """
+    r = py(code, sim_env(work), work, timeout=120)
+    assert "dispatch ['npu:0', 'npu:1']" in r.stdout, r.stdout
+    assert "grew 4194304 freed True peak True" in r.stdout, r.stdout
+    assert f"peak reset True hbm {32 * 2**30} True" in r.stdout, r.stdout
+    assert "rng True" in r.stdout and "current 1 npu:1" in r.stdout, r.stdout
+    assert "versions 2.9.0.post2+simulated 9.1.0" in r.stdout, r.stdout
+    probe = """
+    import torch
+    print("seen", torch.npu.is_available(), torch.npu.device_count(), flush=True)
+    torch.ones(1, device="npu")
+    """
+    r = py(probe, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="1,0"), work)   # not ascending
+    assert "seen False 0" in r.stdout and r.returncode != 0, r.stdout
+    r = py(probe, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0,2"), work)   # the host has cards 0 and 1
+    assert "seen False 0" in r.stdout and "error code is 207004" in r.stdout and r.returncode != 0, r.stdout
+
+
+def test_npu_smi_lists_a_live_holder_until_it_is_killed(work):
+    env = sim_env(work)
+    marker = str(work / "holder")
+    p = subprocess.Popen([sys.executable, "-c", "import sys, time, torch; torch.ones(1, device='npu:1'); "
+                          "print('ready', flush=True); time.sleep(120)", marker],
+                         env=env, cwd=work, stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        out = subprocess.run([NPU_SMI, "info"], env=env, capture_output=True, text=True, check=True).stdout
+        assert "npu-smi 24.1.0 (simulated)" in out
+        assert "| 0     910B4" in out and "| 1     910B4" in out
+        assert "No running processes found in NPU 0" in out
+        holder = [line for line in out.splitlines() if f"| {p.pid} " in line]
+        assert holder and holder[0].startswith("| 1       0"), out
+    finally:
+        p.kill()
+        p.wait()
+    out = subprocess.run([NPU_SMI, "info"], env=env, capture_output=True, text=True, check=True).stdout
+    assert str(p.pid) not in out and "No running processes found in NPU 1" in out, out
+    bad = subprocess.run([NPU_SMI, "info", "-t", "board", "-i", "0"], env=env, capture_output=True, text=True)
+    assert bad.returncode != 0
+    assert processes_mentioning(marker) == []
+
+
+def test_fork_after_npu_init_is_refused_like_torch_npu(work):
+    code = f"""
+    import os, torch
+    from accelerate import Accelerator, notebook_launcher
+
+    def train():
+        acc = Accelerator()
+        g = acc.gather(torch.tensor([acc.process_index], device=acc.device))
+        print(f"rank {{acc.process_index}} {{acc.distributed_type}} {{acc.device}} {{g.tolist()}}", flush=True)
+
+    def child():
+        pid = os.fork()
+        if pid == 0:
+            try:
+                torch.ones(1, device="npu")
+                print("child ok", torch.npu._is_in_bad_fork(), flush=True)
+            except RuntimeError as e:
+                print("child refused:", e, torch.npu._is_in_bad_fork(), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+
+    notebook_launcher(train, num_processes=2, use_port="{free_port()}")   # forks 2 ranks
+    child()                             # nothing initialised in this process yet: fine
+    torch.npu.mem_get_info()            # initialises the NPU here
+    child()
+    try:
+        notebook_launcher(train, num_processes=2, use_port="{free_port()}")
+        print("launcher ok")
+    except Exception as e:
+        print("launcher failed:", type(e).__name__)
+    """
+    r = py(code, sim_env(work), work)
+    assert "rank 0 DistributedType.MULTI_NPU npu:0 [0, 1]" in r.stdout, r.stdout
+    assert "rank 1 DistributedType.MULTI_NPU npu:1 [0, 1]" in r.stdout, r.stdout
+    assert "child ok False\n" in r.stdout, r.stdout
+    assert ("child refused: Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, "
+            "you must use the 'spawn' start method True\n") in r.stdout, r.stdout
+    assert "launcher failed:" in r.stdout and "launcher ok" not in r.stdout, r.stdout
+    assert r.stdout.count("Cannot re-initialize NPU in forked subprocess") >= 2, r.stdout   # the ranks too
+
+
+# ---- honest API: the stand-in defines only what the real torch_npu 2.9.0.post2 defines -----------
+DUMP = """
+import inspect, json, torch, torch_npu
+import torch.npu.amp, torch.npu.random
+out = {}
+for name, mod in (("torch_npu", torch_npu), ("torch.npu", torch.npu), ("torch.npu.amp", torch.npu.amp),
+                  ("torch.npu.random", torch.npu.random)):
+    names = {}
+    for n in dir(mod):
+        if n.startswith("__") and n != "__all__":
+            continue
+        v = getattr(mod, n)
+        if inspect.ismodule(v):
+            names[n] = {"kind": "module"}
+        elif inspect.isclass(v):
+            names[n] = {"kind": "class"}
+        elif inspect.isfunction(v):
+            names[n] = {"kind": "function", "signature": [
+                {"name": p.name, "kind": p.kind.name,
+                 "default": None if p.default is p.empty else repr(p.default)}
+                for p in inspect.signature(v).parameters.values()]}
+        else:
+            names[n] = {"kind": "value"}
+    out[name] = names
+print(json.dumps(out))
+"""
+
+
+def same_default(real: str | None, ours: str | None) -> bool:
+    if real is None or ours is None:
+        return real is ours
+    try:
+        return ast.literal_eval(real) == ast.literal_eval(ours)
+    except (ValueError, SyntaxError):
+        return real.replace(" ", "") == ours.replace(" ", "")
+
+
+def api_problems(dumped: dict, real: dict) -> list[str]:
+    problems = []
+    for module, names in dumped.items():
+        allowed = real["modules"].get(module)
+        if allowed is None:
+            problems.append(f"{module}: the real torch_npu has no such module")
+            continue
+        for name, ours in names.items():
+            theirs = allowed.get(name)
+            if theirs is None:
+                problems.append(f"{module}.{name}: not in the real torch_npu 2.9.0.post2")
+            elif theirs["kind"] == "module" and ours["kind"] != "module":
+                problems.append(f"{module}.{name}: a module in the real torch_npu, here {ours['kind']}")
+            elif ours["kind"] == "function" and theirs["kind"] == "function":
+                a = [(p["name"], p["kind"]) for p in theirs["signature"]]
+                b = [(p["name"], p["kind"]) for p in ours["signature"]]
+                defaults_ok = all(same_default(x["default"], y["default"])
+                                  for x, y in zip(theirs["signature"], ours["signature"]))
+                if a != b or not defaults_ok:
+                    problems.append(f"{module}.{name}: signature {ours['signature']} != real {theirs['signature']}")
+    return problems
+
+
+def test_stand_in_defines_only_names_the_real_wheel_has(work):
+    r = py(DUMP, sim_env(work), work)
+    assert r.returncode == 0, r.stdout
+    dumped = json.loads(r.stdout.strip().splitlines()[-1])
+    with open(API) as f:
+        real = json.load(f)
+    assert api_problems(dumped, real) == []
+    # and the check has teeth: a name the real wheel lacks is reported
+    dumped["torch.npu"]["is_simulated"] = {"kind": "function", "signature": []}
+    assert api_problems(dumped, real) == ["torch.npu.is_simulated: not in the real torch_npu 2.9.0.post2"]
+
+
+def test_committed_api_matches_the_real_wheel(tmp_path):
+    wheels = tmp_path / "wheels"
+    got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
+                          "torch-npu==2.9.0.post2", "-d", str(wheels)], capture_output=True, text=True)
+    found = sorted(wheels.glob("*.whl")) if wheels.exists() else []
+    if got.returncode != 0 or not found:
+        skip_outside_ci(f"cannot download torch-npu==2.9.0.post2: {got.stderr[-500:]}")
+    out = tmp_path / "api.json"
+    subprocess.run([sys.executable, os.path.join(SIMNPU, "tools", "derive_api.py"), "--wheel", str(found[0]),
+                    "--out", str(out)], check=True, capture_output=True)
+    with open(API) as f:
+        committed = json.load(f)
+    derived = json.loads(out.read_text())
+    committed.pop("wheel", None), committed.pop("wheel_sha256", None)
+    derived.pop("wheel", None), derived.pop("wheel_sha256", None)
+    assert derived == committed
+
+
+def test_import_torch_alone_autoloads_the_stand_in(work):
+    t0 = time.monotonic()
+    r = py("import sys, torch; print('autoloaded', 'torch_npu' in sys.modules, torch.npu.device_count())",
+           sim_env(work), work)
+    assert "autoloaded True 2" in r.stdout, r.stdout
+    assert time.monotonic() - t0 < 60

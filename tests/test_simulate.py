@@ -1,0 +1,130 @@
+"""`--simulate-npu`: the series' NPU branch on the simulated Ascend NPU (simnpu/), labelled as simulated.
+
+The stand-in itself (torch_npu, torch.npu, hccl over gloo, npu-smi) is tested in test_simnpu.py; here
+nbtools' side: the switch adds to the user's environment and replaces nothing, every report says
+"simulated", and a broken stand-in fails the series instead of passing it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from conftest import NOTEBOOKS
+
+from nbtools import simulate
+from nbtools.device import SIMULATED, detect, from_probe
+from nbtools.errors import ParameterError
+from nbtools.session import NEEDS_REAL_NPU, Session
+
+SIM_NPU2 = {
+    "python": "3.11.7",
+    "torch": "2.14.1",
+    "torch_npu": "2.9.0.post2+simulated",
+    "npu_simulated": True,
+    "npu_available": True,
+    "npu_count": 2,
+    "npu_names": ["Ascend910B4", "Ascend910B4"],
+}
+
+
+def test_the_switch_adds_in_front_and_keeps_what_the_user_has():
+    env = simulate.environment(environ={"PYTHONPATH": "/mine/site", "PATH": "/usr/bin:/bin"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(simulate.ROOT / "site"), "/mine/site"]
+    assert env["PATH"].split(os.pathsep) == [str(simulate.ROOT / "bin"), "/usr/bin", "/bin"]
+    assert (env["SIMNPU_CARDS"], env["SIMNPU_SOC"]) == ("2", "Ascend910B4")
+    assert simulate.environment(environ={})["PYTHONPATH"] == str(simulate.ROOT / "site")
+    assert "ASCEND_RT_VISIBLE_DEVICES" not in env  # the user's own choice of cards, if any, stays theirs
+
+
+@pytest.mark.parametrize("kwargs, words", [({"cards": 0}, "--npu-cards 0"), ({"soc": "Ascend910A"}, "--npu-soc 'Ascend910A'")])
+def test_bad_knobs_say_what_is_accepted(kwargs, words):
+    with pytest.raises(ParameterError, match=words):
+        simulate.environment(**kwargs)
+
+
+def test_a_simulated_npu_is_labelled_so_and_skips_what_only_hardware_answers():
+    info = from_probe(SIM_NPU2, environ={})
+    assert (info.kind, info.count, info.simulated, info.real_npu) == ("npu", 2, True, False)
+    assert info.label == f"{SIMULATED} x2 (Ascend910B4)" and SIMULATED in info.summary()
+    assert info.plan(2).distributed_type == "MULTI_NPU" and info.plan(2).backend == "hccl"
+    session = Session(info, info.plan(2), "auto", 2, 60, Path("."))
+    assert session.only_on_npu("HBM").startswith(NEEDS_REAL_NPU)
+    real = from_probe({**SIM_NPU2, "torch_npu": "2.9.0.post2", "npu_simulated": False}, environ={})
+    assert real.real_npu and Session(real, real.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") is None
+    cpu = from_probe({"python": "3.11.7", "torch": "2.14.1"}, environ={})
+    assert Session(cpu, cpu.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") == "checked only on NPU: HBM"
+
+
+# --- the real thing: notebooks on the simulated NPU (a launch each; ~15 s) ---------------------
+
+
+def _run(args, tmp_path, env=None, name="out"):
+    out = tmp_path / name
+    proc = subprocess.run(
+        [sys.executable, "-m", "nbtools", "run", "--simulate-npu", *args, "--output", str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=900,
+    )
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else None
+    return proc, report, out
+
+
+def _checks(report) -> dict[str, tuple[str, str]]:
+    return {c["id"]: (c["status"], c["reason"]) for c in report["checks"] if c["notebook"]}
+
+
+GATHER = os.path.join(NOTEBOOKS, "02_distributed_eval.ipynb")
+
+
+def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(tmp_path):
+    proc, report, out = _run([GATHER], tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert report["device"]["simulated"] is True and report["device"]["kind"] == "npu"
+    checks = _checks(report)
+    assert checks["acc-gather-multi"][0] == "passed", checks
+    assert checks["hccl-timeouts"] == ("skipped", checks["hccl-timeouts"][1]) and NEEDS_REAL_NPU in checks["hccl-timeouts"][1]
+    # the quick-start's three lines, verbatim, from ranks that really ran on npu over hccl
+    executed = (out / "02_distributed_eval.ipynb").read_text(encoding="utf-8")
+    for line in ("world=2", "device=npu", "gathered=[1, 2, 3, 1, 2, 3]"):
+        assert line in executed, line
+    assert "MULTI_NPU" in executed and "hccl" in executed
+    label = f"{SIMULATED} x2 (Ascend910B4)"
+    assert label in proc.stdout
+    assert label in (out / "report.md").read_text(encoding="utf-8")
+    assert label in (out / "index.html").read_text(encoding="utf-8")
+    props = {p.get("name"): p.get("value") for p in ET.parse(out / "junit.xml").getroot().iter("property")}
+    assert props["device"] == label
+
+
+def test_an_allgather_that_keeps_only_the_local_tensor_fails_the_gather_check(tmp_path):
+    proc, report, _ = _run([GATHER], tmp_path, env={"SIMNPU_FAULT": "allgather_local"})
+    assert proc.returncode == 1, proc.stdout[-2000:]
+    assert _checks(report)["acc-gather-multi"][0] == "failed", _checks(report)
+
+
+def test_ranks_that_see_one_card_do_not_pass_as_two(tmp_path):
+    """The probe saw two cards; the ranks see one (a stand-in whose device count broke): the 2-process
+    launch of the quick-start must fail its check, not pass as 2 ranks."""
+    from nbtools.runner import run_notebooks
+
+    sim = simulate.environment()
+    saved = dict(os.environ)
+    os.environ.update(sim)
+    try:
+        info = detect(refresh=True)  # healthy: two simulated cards
+        assert info.simulated and info.count == 2, info.summary()
+        os.environ["SIMNPU_FAULT"] = "one_device"  # from here on, what the kernels and ranks see
+        report = run_notebooks([Path(NOTEBOOKS) / "01_training.ipynb"], tmp_path / "out", info=info, log=lambda *_: None)
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    statuses = {c.id: c.status for c in report.checks if c.notebook}
+    assert statuses["acc-launch"] == "failed", statuses
