@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
@@ -92,10 +94,22 @@ def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(tmp_path)
     assert checks["acc-gather-multi"][0] == "passed", checks
     assert checks["hccl-timeouts"] == ("skipped", checks["hccl-timeouts"][1]) and NEEDS_REAL_NPU in checks["hccl-timeouts"][1]
     # the quick-start's three lines, verbatim, from ranks that really ran on npu over hccl
-    executed = (out / "02_distributed_eval.ipynb").read_text(encoding="utf-8")
+    cells = nbformat.read(out / "02_distributed_eval.ipynb", as_version=4).cells
+    executed = "".join(o.get("text", "") for c in cells for o in c.get("outputs", []))
     for line in ("world=2", "device=npu", "gathered=[1, 2, 3, 1, 2, 3]"):
         assert line in executed, line
     assert "MULTI_NPU" in executed and "hccl" in executed
+    # the launch ran as the quick-start writes it, plus only Accelerate's own defaults, its config and a free port
+    written = re.search(r"^\$ (ASCEND_RT_VISIBLE_DEVICES=.*gather_npu\.py)$", executed, re.M).group(1)
+    real = re.search(r"^# runs here as: (.*)$", executed, re.M).group(1)
+    added = list(real.split())
+    for word in written.split():
+        added.remove(word)
+    pairs = dict(zip(added[::2], added[1::2]))
+    assert len(added) == 2 * len(pairs) and set(pairs) == {
+        "--num_machines", "--dynamo_backend", "--mixed_precision", "--config_file", "--main_process_port"}, real
+    assert (pairs["--num_machines"], pairs["--dynamo_backend"], pairs["--mixed_precision"]) == ("1", "no", "no"), real
+    assert pairs["--config_file"] == "accelerate_config_multi_npu.json" and pairs["--main_process_port"].isdigit(), real
     label = f"{SIMULATED} x2 (Ascend910B4)"
     assert label in proc.stdout
     assert label in (out / "report.md").read_text(encoding="utf-8")
