@@ -114,12 +114,25 @@ def shell_line(argv: list[str], env: dict[str, str] | None = None) -> str:
     return (prefix + " " if prefix else "") + shlex.join(argv)
 
 
-def announce(real: str, written: str | None = None, why: str = "") -> str:
-    """The lines a cell prints before a command runs: what the learner typed, then what really runs."""
+def announce(real: str, written: str | None = None, why: str = "", also: dict[str, str] | None = None) -> str:
+    """The lines a cell prints before a command runs: what the learner typed, then what really runs, then
+    ``also``: the variables set for it beyond those in the command (a terminal gets them with ``export``)."""
     if not written or written.strip() == real.strip():
-        return f"$ {real}\n"
-    text = f"$ {written}\n# runs here as: {real}\n"
-    return text + (f"# why: {why}\n" if why else "")
+        text = f"$ {real}\n"
+    else:
+        text = f"$ {written}\n# runs here as: {real}\n" + (f"# why: {why}\n" if why else "")
+    if also:
+        text += "# also set: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in also.items()) + "\n"
+    return text
+
+
+def implicit_env(full_env: dict[str, str], shown: dict[str, str] | None = None) -> dict[str, str]:
+    """What ``run_command`` sets beyond the shown ``env`` and this process' own environment (the offline and
+    UTF-8 switches, unbuffered output), for the ``# also set:`` line; the private TMPDIR is not a setting."""
+    return {
+        k: v for k, v in full_env.items()
+        if k != "TMPDIR" and k not in (shown or {}) and os.environ.get(k) != v
+    }
 
 
 def run_command(
@@ -158,23 +171,24 @@ def run_command(
         full_env.pop(name, None)
     # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
     # torchinductor_* folders in the temp dir at every launch otherwise.
+    also = implicit_env(full_env, env)
     private_tmp = tempfile.mkdtemp(prefix="nbtools-tmp-")
     full_env["TMPDIR"] = private_tmp
     command = shown or shell_line(argv, env)
     try:
         return _stream(
             argv, full_env, cwd=cwd, timeout=timeout, timeout_name=timeout_name, check=check,
-            echo=echo, command=command, written=written, why=why,
+            echo=echo, command=command, written=written, why=why, also=also,
         )
     finally:
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
-def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command, written, why) -> Result:
+def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command, written, why, also=None) -> Result:
     """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
     out = sys.stdout
     if echo:
-        out.write(announce(command, written, why))
+        out.write(announce(command, written, why, also))
         out.flush()
     if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
         exe = os.path.join(cwd or "", argv[0])

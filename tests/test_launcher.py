@@ -4,6 +4,7 @@ rank, a busy port 29500, error markers, and interrupts. No mocks."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -307,3 +308,23 @@ def test_a_gloo_teardown_abort_after_the_work_is_rerun_visibly_at_most_twice(tmp
     with pytest.raises(LaunchError, match="gloo aborts at exit"):
         nbtools.accelerate_launch(script, num_processes=1, timeout=120, echo=False)
     assert marker.read_text() == "3"
+
+
+def test_the_printed_command_pasted_into_bash_gives_the_same_verdict(tmp_path, capsys, monkeypatch):
+    """What a learner copies out of a cell: the `# runs here as:` line (or the `$` line when nothing changes)
+    and the `# also set:` variables, pasted into bash in the work folder, run the same group with the same output."""
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE", "PYTHONUNBUFFERED"):
+        monkeypatch.delenv(name, raising=False)  # a learner's terminal: the launcher sets them, and must say so
+    (tmp_path / "w.py").write_text(WORKER)
+    written = "ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 w.py"
+    result = nbtools.accelerate_launch("w.py", num_processes=2, cwd=tmp_path, timeout=240, written=written)
+    printed = capsys.readouterr().out
+    real = re.search(r"^# runs here as: (.*)$", printed, re.M) or re.search(r"^\$ (.*)$", printed, re.M)
+    also = re.search(r"^# also set: (.*)$", printed, re.M)
+    assert also and {"HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1", "PYTHONUNBUFFERED=1"} <= set(also.group(1).split()), printed
+    pasted = f"export {also.group(1)}; {real.group(1)}"
+    proc = subprocess.run(["bash", "-c", pasted], cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                          env={k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")})
+    assert proc.returncode == result.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    keys = ("world", "distributed_type", "backend", "gathered")
+    assert {k: nbtools.parse_kv(proc.stdout)[k] for k in keys} == {k: result.kv[k] for k in keys}, proc.stdout
