@@ -92,7 +92,6 @@ def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(tmp_path)
     assert report["device"]["simulated"] is True and report["device"]["kind"] == "npu"
     checks = _checks(report)
     assert checks["acc-gather-multi"][0] == "passed", checks
-    assert checks["hccl-timeouts"] == ("skipped", checks["hccl-timeouts"][1]) and NEEDS_REAL_NPU in checks["hccl-timeouts"][1]
     # the quick-start's three lines, verbatim, from ranks that really ran on npu over hccl
     cells = nbformat.read(out / "02_distributed_eval.ipynb", as_version=4).cells
     executed = "".join(o.get("text", "") for c in cells for o in c.get("outputs", []))
