@@ -27,12 +27,43 @@ KINDS = ("npu", "cuda", "cpu")
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
-CANN_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
-CANN_FIX = (
-    f"source {CANN_SET_ENV} (or your image's CANN set_env.sh) before starting "
-    "Python/JupyterLab, then restart the kernel; if CANN is not installed, install the "
-    "CANN toolkit matching torch_npu (https://ascend.github.io/docs/sources/ascend/quick_install.html)"
-)
+# CANN's environment script. CANN 8.5 and later (the quick-start's 9.1.0 among them) install to
+# /usr/local/Ascend/cann/, older releases to /usr/local/Ascend/ascend-toolkit/ (kept as a compatibility path);
+# the installer records its folder in /etc/Ascend/ascend_cann_install.info (`Install_Path=...`). The official
+# CANN images export the variables themselves.
+CANN_SET_ENV = "/usr/local/Ascend/cann/set_env.sh"
+CANN_SET_ENV_OLD = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+CANN_INSTALL_INFO = "/etc/Ascend/ascend_cann_install.info"
+
+
+def cann_set_env(install_info: str | os.PathLike = CANN_INSTALL_INFO, root: str = "/usr/local/Ascend") -> str | None:
+    """This machine's CANN set_env.sh: under the folder the installer recorded, else under ``root``; the new
+    layout (``cann/``) before the old one (``ascend-toolkit/``). None when there is none."""
+    roots = []
+    try:
+        for line in Path(install_info).read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.strip().startswith("Install_Path="):
+                roots.append(line.split("=", 1)[1].strip())
+    except OSError:
+        pass
+    for base in (*roots, root):
+        for candidate in (Path(base) / "set_env.sh", Path(base) / "cann" / "set_env.sh", Path(base) / "ascend-toolkit" / "set_env.sh"):
+            if candidate.is_file():
+                return str(candidate)
+    return None
+
+
+def _cann_fix() -> str:
+    found = cann_set_env()
+    where = found or (f"{CANN_SET_ENV} (CANN 8.5 and later; older releases: {CANN_SET_ENV_OLD}; "
+                      f"`cat {CANN_INSTALL_INFO}` or `ls /usr/local/Ascend` shows where CANN is)")
+    return (
+        f"source {where} before starting Python/JupyterLab, then restart the kernel; if CANN is not installed, "
+        "install the CANN toolkit matching torch_npu (https://ascend.github.io/docs/sources/ascend/quick_install.html)"
+    )
+
+
+CANN_FIX = _cann_fix()
 
 # Runs in a child interpreter; prints one JSON object.
 _PROBE = r"""

@@ -13,7 +13,9 @@ server's environment updated by the spec's ``env``. This module builds that ``en
 - ``install(spec, name, prefix)``: writes ``<prefix>/kernels/<name>/kernel.json`` (the user's Jupyter data
   dir when no prefix is given; a prefix is found by Jupyter when listed in ``JUPYTER_PATH``).
 
-In a terminal: ``python -m nbtools.kernelspec /usr/local/Ascend/ascend-toolkit/set_env.sh --name cann``.
+In a terminal: ``python -m nbtools.kernelspec --name cann`` (this machine's CANN set_env.sh: ``cann/`` of
+CANN 8.5 and later, or ``ascend-toolkit/``; see device.cann_set_env), or name the script:
+``python -m nbtools.kernelspec /usr/local/Ascend/cann/set_env.sh --name cann``.
 """
 
 from __future__ import annotations
@@ -117,7 +119,8 @@ def install(spec: dict, name: str, prefix: str | Path | None = None) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nbtools.kernelspec", description=__doc__.splitlines()[0])
-    p.add_argument("set_env", help="the set_env.sh to source, e.g. /usr/local/Ascend/ascend-toolkit/set_env.sh")
+    p.add_argument("set_env", nargs="?", help="the set_env.sh to source (default: this machine's, found as "
+                   "device.cann_set_env finds it: /usr/local/Ascend/cann/set_env.sh or .../ascend-toolkit/set_env.sh)")
     p.add_argument("--name", default="cann", help="kernel name (folder name), default: cann")
     p.add_argument("--display-name", default="Python (CANN)")
     p.add_argument("--python", default=sys.executable, help="interpreter the kernel runs (default: this one)")
@@ -125,6 +128,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--full-values", action="store_true", help="no ${VAR} references (jupyter_client < 7)")
     p.add_argument("--print", action="store_true", help="print kernel.json, write nothing")
     args = p.parse_args(argv)
+    if args.set_env is None:
+        from .device import CANN_INSTALL_INFO, cann_set_env
+
+        args.set_env = cann_set_env()
+        if args.set_env is None:
+            p.error(f"no CANN set_env.sh found (neither in {CANN_INSTALL_INFO} nor under /usr/local/Ascend): name it")
     spec = from_set_env(args.set_env, python=args.python, display_name=args.display_name,
                         template=not args.full_values)
     if args.print:

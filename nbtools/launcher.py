@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .commands import executable
-from .device import DeviceInfo, LaunchPlan
+from .device import CANN_FIX, DeviceInfo, LaunchPlan
 from .errors import LaunchError, LaunchTimeout
 from .expected import parse_kv
 from .params import validate
@@ -54,7 +54,7 @@ HINTS = (
         "another process holds this rendezvous port (two launches at once?): pass a free one with "
         "--main_process_port (nbtools.accelerate_launch picks one itself)",
     ),
-    ("libhccl.so", "CANN's libraries are not loaded: source /usr/local/Ascend/ascend-toolkit/set_env.sh"),
+    ("libhccl.so", f"CANN's libraries are not loaded: {CANN_FIX}"),
     (
         "Cannot re-initialize NPU in forked subprocess",
         "the NPU was initialised in this kernel before notebook_launcher forked: restart the kernel "

@@ -55,7 +55,9 @@ def test_doctor_names_the_cause_and_the_fix(broken_env):
     )
     assert proc.returncode == 1
     assert "[FAIL] setup" in proc.stdout and "torch_npu is installed but cannot load" in proc.stdout
-    assert "source /usr/local/Ascend/ascend-toolkit/set_env.sh" in proc.stdout
+    # no CANN on this machine: both places a CANN release puts set_env.sh, and where to look
+    assert "source /usr/local/Ascend/cann/set_env.sh" in proc.stdout and "ascend-toolkit/set_env.sh" in proc.stdout
+    assert "/etc/Ascend/ascend_cann_install.info" in proc.stdout
 
 
 def test_run_stops_at_the_first_cell_and_marks_the_rest_not_run(broken_env, tmp_path):

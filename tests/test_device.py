@@ -188,3 +188,17 @@ def test_doctor_holds_python_to_the_floor_the_package_declares(monkeypatch):
     assert (row.status, row.note) == (doctor.FAIL, "Python >=3.10 is needed (the versions CI runs the series on)")
     monkeypatch.setattr(sys, "version_info", VersionInfo(3, 10, 13, "final", 0))
     assert next(r for r in doctor.diagnose(info) if r.what == "python").status != doctor.FAIL
+
+
+@pytest.mark.parametrize("layout", ["cann", "ascend-toolkit"])
+def test_cann_set_env_is_found_in_either_layout_and_through_the_install_record(tmp_path, layout):
+    from nbtools.device import cann_set_env
+
+    root = tmp_path / "Ascend"
+    (root / layout).mkdir(parents=True)
+    (root / layout / "set_env.sh").write_text("export ASCEND_HOME_PATH=x\n")
+    assert cann_set_env(tmp_path / "no-record", root=str(root)) == str(root / layout / "set_env.sh")
+    record = tmp_path / "ascend_cann_install.info"
+    record.write_text(f"Install_Path={root}\n")
+    assert cann_set_env(record, root=str(tmp_path / "elsewhere")) == str(root / layout / "set_env.sh")
+    assert cann_set_env(tmp_path / "no-record", root=str(tmp_path / "elsewhere")) is None
