@@ -1,7 +1,7 @@
 """`python -m nbtools check`: the notebooks are committed clean and tagged right.
 
 Rules: valid nbformat 4; no outputs, execution counts or papermill metadata; kernelspec
-`python3`; exactly one `parameters` cell; no `!cmd` / `%pip` / `%%bash` (their failures do
+`python3`; exactly one `parameters` cell; `import nbtools` before the first `nbtools.`; no `!cmd` / `%pip` / `%%bash` (their failures do
 not fail a run: use nbtools.run); every quick-start check id tagged (`check:<id>`) on exactly one
 code cell across the series, and that cell prints its verdict with passed()/skipped().
 """
@@ -16,6 +16,7 @@ import nbformat
 from .checks import SEED_CHECKS, check_ids
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
+_IMPORT = re.compile(r"^import nbtools\b", re.MULTILINE)
 _NAME = re.compile(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$")
 
 
@@ -70,6 +71,12 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
                 problems.append(f"{where}: tagged check:{cid} but never calls passed/skipped with {cid!r}")
     if n_params != 1:
         problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    uses = next((i for i, src in enumerate(code) if re.search(r"\bnbtools\.", src)), None)
+    imports = next((i for i, src in enumerate(code) if _IMPORT.search(src)), None)
+    if uses is not None and (imports is None or imports > uses):
+        problems.append(f"{name}: uses nbtools. before any `import nbtools` (%load_ext injects the name, a "
+                        "learner's own script does not): import it where the setup cell calls nbtools.setup")
     return problems, claims
 
 

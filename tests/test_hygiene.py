@@ -55,6 +55,8 @@ def _code(nb):
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})), "2 cells tagged 'parameters'"),
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("!accelerate launch x.py")), "shell escape '!'"),
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("%pip install accelerate")), "shell escape '%pip'"),
+        (lambda nb: [c.__setitem__("source", c.source.replace("import nbtools\n", "")) for c in nb.cells if c.cell_type == "code"],
+         "uses nbtools. before any `import nbtools`"),
     ],
 )
 def test_each_rule_catches_its_defect(copy, mutate, expected):
