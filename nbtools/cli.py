@@ -98,6 +98,13 @@ def _cmd_check(args) -> int:
     return 1 if problems else 0
 
 
+def _cmd_reset(args) -> int:
+    from .reset import reset
+
+    reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, find_links=args.find_links)
+    return 0
+
+
 def _cmd_doctor(args) -> int:
     from .doctor import main as doctor_main
 
@@ -168,6 +175,13 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="hygiene of the committed notebooks (clean, tagged, no shell escapes)")
     c.add_argument("folder", nargs="?")
     c.set_defaults(func=_cmd_check)
+
+    rs = sub.add_parser("reset", help="between two workshop groups: stop nbtools' launches, remove notebooks/work/, "
+                        "put back the Accelerate requirements.txt asks for; says what it did")
+    rs.add_argument("folder", nargs="?", help="the notebooks' folder (default: notebooks/)")
+    rs.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
+    rs.add_argument("--find-links", metavar="WHEELHOUSE", help="reinstall Accelerate from this folder, with no index")
+    rs.set_defaults(func=_cmd_reset)
 
     d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the quick-start's versions")
     d.set_defaults(func=_cmd_doctor)

@@ -1,0 +1,85 @@
+"""`python -m nbtools reset` on a dirtied checkout: it stops nbtools' launches and removes the work folders,
+and leaves everything else (other files, other processes) as it was."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+from conftest import NOTEBOOKS, wait_gone
+from packaging.requirements import Requirement
+
+from nbtools.reset import accelerate_problem, accelerate_requirement
+
+
+def _dirty_copy(tmp_path: Path) -> Path:
+    notebooks = tmp_path / "notebooks"
+    shutil.copytree(NOTEBOOKS, notebooks, ignore=shutil.ignore_patterns("work"))
+    for stem in ("01_training", "03_big_model_inference"):
+        (notebooks / "work" / stem).mkdir(parents=True)
+        (notebooks / "work" / stem / "train_npu.py").write_text("print('a learner was here')\n")
+    (notebooks / "my_notes.md").write_text("mine\n")
+    return notebooks
+
+
+def test_reset_stops_launches_and_removes_work_folders_and_nothing_else(tmp_path):
+    notebooks = _dirty_copy(tmp_path)
+    hold = tmp_path / "hold_for_reset.py"
+    hold.write_text("import time\ntime.sleep(600)\n")
+    # a leftover launch nbtools started (guarded, marked), and a process of someone else's
+    leftover = subprocess.Popen([sys.executable, "-m", "nbtools", "launch", "--num-processes", "1", "--device", "cpu",
+                                 "--timeout", "300", str(hold)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    other = subprocess.Popen([sys.executable, str(hold)])
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(
+            str(hold) in " ".join(p.cmdline()) for p in psutil.Process(leftover.pid).children(recursive=True)
+        ):
+            time.sleep(0.3)
+        before = sorted(p.name for p in notebooks.iterdir())
+        dry = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks), "--dry-run"],
+                             capture_output=True, text=True, timeout=120)
+        assert dry.returncode == 0 and "would remove" in dry.stdout and "would stop them" in dry.stdout, dry.stdout
+        assert (notebooks / "work" / "01_training" / "train_npu.py").exists() and leftover.poll() is None
+        proc = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "did remove" in proc.stdout and "01_training, 03_big_model_inference" in proc.stdout, proc.stdout
+        assert "did stop them" in proc.stdout, proc.stdout
+        assert not (notebooks / "work").exists()
+        assert sorted(p.name for p in notebooks.iterdir()) == [n for n in before if n != "work"]
+        assert (notebooks / "my_notes.md").read_text() == "mine\n"
+        leftover.wait(timeout=30)
+        assert [p for p in wait_gone(str(hold)) if p.pid != other.pid] == []
+        assert other.poll() is None, "reset stopped a process nbtools did not start"
+    finally:
+        for p in (leftover, other):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def test_accelerate_is_judged_by_requirements_txt():
+    requirement = accelerate_requirement()
+    assert requirement.name == "accelerate" and str(requirement.specifier)
+    assert accelerate_problem(requirement) is None  # the stack the README's command installed
+    assert "outside requirements.txt's" in accelerate_problem(Requirement("accelerate<0.1"))
+
+
+def test_a_source_install_of_accelerate_is_put_back(monkeypatch):
+    """00's exercise installs Accelerate from a git tag: pip records that in direct_url.json."""
+    from nbtools import reset
+
+    class FromGit:
+        version = "1.15.0"
+
+        def read_text(self, name):
+            return '{"url": "https://github.com/huggingface/accelerate.git", "vcs_info": {"vcs": "git"}}'
+
+    monkeypatch.setattr(reset.metadata, "distribution", lambda name: FromGit())
+    said = reset.accelerate_problem(accelerate_requirement())
+    assert said == "Accelerate 1.15.0 was installed from https://github.com/huggingface/accelerate.git"
