@@ -1,7 +1,8 @@
 """`python -m nbtools check`: the notebooks are committed clean and tagged right.
 
 Rules: valid nbformat 4; no outputs, execution counts or papermill metadata; kernelspec
-`python3`; exactly one `parameters` cell; `import nbtools` before the first `nbtools.`; no `!cmd` / `%pip` / `%%bash` (their failures do
+`python3`; exactly one `parameters` cell; `import nbtools` before the first `nbtools.`; every exercise
+under '## 练习' followed by its collapsed hint and answer (`<summary>提示</summary>`, `<summary>答案</summary>`); no `!cmd` / `%pip` / `%%bash` (their failures do
 not fail a run: use nbtools.run); every quick-start check id tagged (`check:<id>`) on exactly one
 code cell across the series, and that cell prints its verdict with passed()/skipped().
 """
@@ -71,6 +72,7 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
                 problems.append(f"{where}: tagged check:{cid} but never calls passed/skipped with {cid!r}")
     if n_params != 1:
         problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
+    problems += [f"{name}: {p}" for p in exercise_problems(nb)]
     code = [c.source for c in nb.cells if c.cell_type == "code"]
     uses = next((i for i, src in enumerate(code) if re.search(r"\bnbtools\.", src)), None)
     imports = next((i for i, src in enumerate(code) if _IMPORT.search(src)), None)
@@ -78,6 +80,30 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         problems.append(f"{name}: uses nbtools. before any `import nbtools` (%load_ext injects the name, a "
                         "learner's own script does not): import it where the setup cell calls nbtools.setup")
     return problems, claims
+
+
+_EXERCISES = re.compile(r"^## 练习\s*$", re.MULTILINE)
+_ITEM = re.compile(r"^(\d+)\. ", re.MULTILINE)
+_ANSWER = ("<summary>提示</summary>", "<summary>答案</summary>")
+
+
+def exercise_problems(nb) -> list[str]:
+    """Every numbered exercise under '## 练习' has its hint and its answer, collapsed, right below it."""
+    cells = [c for c in nb.cells if c.cell_type == "markdown" and _EXERCISES.search(c.source)]
+    if not cells:
+        return ["no '## 练习' section"]
+    text = cells[-1].source[_EXERCISES.search(cells[-1].source).end():]
+    text = re.split(r"^## ", text, maxsplit=1, flags=re.MULTILINE)[0]  # up to the next section, if any
+    items = list(_ITEM.finditer(text))
+    if not items:
+        return ["'## 练习' lists no numbered exercise"]
+    out = []
+    for k, m in enumerate(items):
+        body = text[m.end():items[k + 1].start() if k + 1 < len(items) else len(text)]
+        missing = [s for s in _ANSWER if s not in body]
+        if missing:
+            out.append(f"exercise {m.group(1)} has no {' / '.join(missing)} below it (a collapsed <details> block)")
+    return out
 
 
 def check_series(folder: Path) -> list[str]:

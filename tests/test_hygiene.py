@@ -57,6 +57,9 @@ def _code(nb):
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("%pip install accelerate")), "shell escape '%pip'"),
         (lambda nb: [c.__setitem__("source", c.source.replace("import nbtools\n", "")) for c in nb.cells if c.cell_type == "code"],
          "uses nbtools. before any `import nbtools`"),
+        (lambda nb: [c.__setitem__("source", c.source.replace("<summary>答案</summary>", "<summary>Answer</summary>", 1))
+                     for c in nb.cells if c.cell_type == "markdown" and "## 练习" in c.source],
+         "exercise 1 has no <summary>答案</summary> below it"),
     ],
 )
 def test_each_rule_catches_its_defect(copy, mutate, expected):
