@@ -65,22 +65,22 @@ class Session:
         return ",".join(str(i) for i in range(self.num_processes))
 
     def platform_lines(self) -> list[str]:
+        """What the setup cell prints, in the learner's language (the device label and versions stay as the CLI has them)."""
         info = self.info
         label = info.label
         if info.kind == "npu" and info.simulated:
-            first = (f"platform: {label} -- 在 CPU 上模拟的 NPU：证明代码路径与连线（torch_npu、torch.npu、hccl、MULTI_NPU），"
+            first = (f"平台：{label} —— 在 CPU 上模拟的 NPU：证明代码路径与连线（torch_npu、torch.npu、hccl、MULTI_NPU），"
                      f"不证明硬件；只有真卡才能回答的检查记为 skipped（{NEEDS_REAL_NPU}）")
         elif info.kind == "npu":
-            first = f"platform: {label} -- the quick-start's own platform: every check runs for real"
+            first = f"平台：{label} —— 《快速开始》的平台：每项检查都真实运行"
         elif info.kind == "cuda":
-            first = f"platform: {label} -- NOT checked here: torch_npu, CANN, hccl (nccl takes hccl's place)"
+            first = f"平台：{label} —— 此处不检查：torch_npu、CANN、hccl（由 nccl 代替 hccl）"
         else:
-            first = ("platform: CPU 代跑 -- no NPU/CUDA here; NOT checked: torch_npu, CANN, hccl, device memory "
-                     "(gloo takes hccl's place)")
-        lines = [first, info.versions_line()]
-        lines += [f"PROBLEM: {p.what} -- fix: {p.fix}" for p in info.problems]
-        lines.append(f"launch plan: {self.plan.note}")
-        lines.append(f"work folder: {self.work} (cd there to rerun these commands in a terminal)")
+            first = "平台：CPU 代跑 —— 没有 NPU/CUDA；不检查：torch_npu、CANN、hccl、设备内存（由 gloo 代替 hccl）"
+        lines = [first, "版本：" + info.versions_line().split(": ", 1)[1]]
+        lines += [f"PROBLEM（问题）：{p.what} —— 修复：{p.fix}" for p in info.problems]
+        lines.append(f"启动计划：{self.plan.note}")
+        lines.append(f"工作文件夹：{self.work}（在终端里 cd 到这里，就能重跑这些命令）")
         return lines
 
     def close(self) -> None:

@@ -74,7 +74,7 @@ def test_run_stops_at_the_first_cell_and_marks_the_rest_not_run(broken_env, tmp_
     assert orient["path"] == "00_ascend_jupyterlab.ipynb" and orient["status"] == "passed", orient
     shown = nbformat.read(out / orient["path"], as_version=4)
     texts = "".join(o.get("text", "") for c in shown.cells for o in c.get("outputs", []))
-    assert "PROBLEM: torch_npu is installed but cannot load" in texts and "set_env.sh" in texts
+    assert "PROBLEM（问题）：torch_npu is installed but cannot load" in texts and "set_env.sh" in texts
     # ...and the first notebook that needs torch stops the run, naming the fix.
     first, *rest = notebooks[1:]
     assert first["path"] == "00_environment.ipynb" and first["status"] == "failed"

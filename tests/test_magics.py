@@ -238,7 +238,7 @@ def test_setup_interactive_makes_a_persistent_folder_and_chdirs(tmp_path, monkey
     assert S.work == tmp_path / "work" / "00_environment" and Path.cwd() == S.work
     assert (S.plan.num_processes, S.device, S.visible) == (3, "cpu", "0,1,2")
     out = capsys.readouterr().out
-    assert "CPU 代跑" in out and f"work folder: {S.work}" in out and len(out.splitlines()) <= 6
+    assert "CPU 代跑" in out and f"工作文件夹：{S.work}" in out and len(out.splitlines()) <= 6
     (S.work / "train_npu.py").write_text("x")
     S.close()
     assert Path.cwd() == tmp_path and (S.work / "train_npu.py").exists()
