@@ -144,7 +144,7 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
                 "accelerate config",
                 cfg,
                 INFO,
-                "your `accelerate launch` reads it; the series' launches ignore it (they pass a neutral --config_file)",
+                "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)",
             )
         )
     return rows
