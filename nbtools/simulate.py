@@ -65,4 +65,6 @@ def prepare(env: Mapping[str, str], python: str | None = None, timeout: float = 
     )
     if proc.returncode != 0:
         tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-        raise ParameterError(f"the simulated NPU does not load with this torch:\n{tail}")
+        hint = ("\nfix: this torch sees a CUDA GPU, and torch_npu (the simulated one too) refuses to share a process "
+                "with another accelerator: run with CUDA_VISIBLE_DEVICES= in front") if "Two accelerators" in tail else ""
+        raise ParameterError(f"the simulated NPU does not load with this torch:\n{tail}{hint}")
