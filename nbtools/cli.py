@@ -14,13 +14,18 @@ from .errors import LaunchError, LaunchTimeout, NbtoolsError
 
 def _simulate(args) -> None:
     """--simulate-npu: this process and every process it starts see the simulated NPU (simulate.py)."""
+    from .errors import ParameterError
+    from .simulate import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare
+
     if not getattr(args, "simulate_npu", False):
+        knobs = [f for f, v in (("--npu-cards", getattr(args, "npu_cards", None)), ("--npu-soc", getattr(args, "npu_soc", None)))
+                 if v is not None]
+        if knobs:
+            raise ParameterError(f"{' and '.join(knobs)} describe the simulated NPU: add --simulate-npu")
         return
     import os
 
-    from .simulate import environment, prepare
-
-    env = environment(args.npu_cards, args.npu_soc)
+    env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC)
     os.environ.update(env)
     prepare(env)
 
@@ -136,9 +141,9 @@ def _simulation_options() -> argparse.ArgumentParser:
         action="store_true",
         help="run on the repository's simulated Ascend NPU (simnpu/): torch_npu, torch.npu, hccl over gloo, npu-smi",
     )
-    g.add_argument("--npu-cards", type=int, default=DEFAULT_CARDS, help=f"simulated cards on the host (default {DEFAULT_CARDS}); "
+    g.add_argument("--npu-cards", type=int, help=f"simulated cards on the host (default {DEFAULT_CARDS}); "
                    "ASCEND_RT_VISIBLE_DEVICES selects among them as on a real host")
-    g.add_argument("--npu-soc", default=DEFAULT_SOC, choices=SOCS, help=f"the simulated card (default {DEFAULT_SOC}; "
+    g.add_argument("--npu-soc", choices=SOCS, help=f"the simulated card (default {DEFAULT_SOC}; "
                    "Ascend310P3 has no bf16)")
     return sim
 

@@ -380,6 +380,10 @@ _PROBE_KEY_VARS = (
     "ASCEND_HOME_PATH",
     "TORCH_DEVICE_BACKEND_AUTOLOAD",
     "PYTHONPATH",
+    # the simulated NPU's host (simnpu/): another card or count is another answer
+    "SIMNPU_CARDS",
+    "SIMNPU_SOC",
+    "SIMNPU_FAULT",
 )
 PROBE_CACHE_TTL_S = 600.0
 

@@ -23,11 +23,14 @@ def test_a_second_detect_reuses_the_probe_and_errors_are_never_cached(tmp_path, 
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1")  # other devices visible: another answer
     device.cached_probe()
     assert len(calls) == 2
+    monkeypatch.setenv("SIMNPU_SOC", "Ascend310P3")  # a rehearsal of another simulated card: another answer
+    device.cached_probe()
+    assert len(calls) == 3
     monkeypatch.setattr(device, "run_probe", lambda python=None, timeout=120: calls.append(1) or {"torch_error": "x"})
     monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0")
     device.cached_probe()
     device.cached_probe()
-    assert len(calls) == 4, "an answer reporting a problem was cached"
+    assert len(calls) == 5, "an answer reporting a problem was cached"
 
 
 def test_a_second_cli_call_reads_the_cache_instead_of_probing(tmp_path):

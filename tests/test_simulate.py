@@ -63,6 +63,12 @@ def test_a_simulated_npu_is_labelled_so_and_skips_what_only_hardware_answers():
     assert Session(cpu, cpu.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") == "checked only on NPU: HBM"
 
 
+def test_the_simulated_hosts_knobs_need_the_switch():
+    proc = subprocess.run([sys.executable, "-m", "nbtools", "detect", "--npu-soc", "Ascend310P3"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "--npu-soc describe the simulated NPU: add --simulate-npu" in proc.stderr, proc.stderr
+
+
 # --- the real thing: notebooks on the simulated NPU (a launch each; ~15 s) ---------------------
 
 
