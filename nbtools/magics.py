@@ -12,8 +12,10 @@ Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import sys
 
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
@@ -170,3 +172,25 @@ def register(ip) -> None:
 
     ip.register_magics(CommandMagics)
     ip.user_ns.setdefault("nbtools", nbtools)
+    global _FORK_SAFE
+    if not _FORK_SAFE:
+        os.register_at_fork(after_in_child=_reset_stream_locks)
+        _FORK_SAFE = True
+
+
+_FORK_SAFE = False
+
+
+def _reset_stream_locks() -> None:
+    """In a process forked from the kernel (``notebook_launcher``'s ranks): free the output locks.
+
+    ipykernel's ``OutStream`` guards its buffer with a lock that its IOPub thread also takes. A fork
+    while that thread holds it hands the child a lock nobody will release, and the child's first
+    print, or the flush every multiprocessing child does as it exits, waits forever: the launch
+    hangs. The child has one thread, so resetting the lock there is safe.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        lock = getattr(stream, "_buffer_lock", None)  # ipykernel.iostream.OutStream (ipykernel 6.x, 7.x)
+        reinit = getattr(lock, "_at_fork_reinit", None)
+        if reinit is not None:
+            reinit()

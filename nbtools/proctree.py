@@ -10,9 +10,15 @@ then SIGKILL to whatever of the known tree is still alive.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
+import threading
+import time
 
 import psutil
+
+from .errors import LaunchTimeout
 
 
 class ProcessTree:
@@ -82,3 +88,68 @@ def _signal(proc: psutil.Process, sig: int) -> bool:
         return True
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, what: str, grace: float = 15.0):
+    """Bound a call that runs child processes INSIDE this process (``notebook_launcher`` forks the kernel).
+
+    A ``%launch`` is bounded by its guardian; an in-kernel call has none. After ``seconds`` the
+    processes the call started (children of this process that were not there before) are stopped,
+    which makes torch elastic's agent raise; if the call still has not returned ``grace`` s later,
+    the main thread is interrupted. Either way the block ends with a ``LaunchTimeout`` naming
+    ``what``, the limit and the pids that were stopped, instead of a cell that hangs for good.
+    """
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
+    fired = threading.Event()
+    done = threading.Event()
+    stopped: list[int] = []
+
+    def expire() -> None:
+        if done.is_set():
+            return
+        fired.set()
+        new = [p for p in me.children(recursive=True) if p.pid not in before]
+        stopped.extend(p.pid for p in new)
+        _stop_unreaped(new, grace=3.0)
+        if not done.wait(grace):
+            os.kill(os.getpid(), signal.SIGINT)  # wakes a blocking wait; KeyboardInterrupt in the main thread
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except BaseException as exc:
+        if not fired.is_set():
+            raise
+        raise LaunchTimeout(_expired(what, seconds, stopped)) from exc
+    finally:
+        done.set()
+        timer.cancel()
+    if fired.is_set():
+        raise LaunchTimeout(_expired(what, seconds, stopped))
+
+
+def _stop_unreaped(procs, grace: float) -> None:
+    """SIGTERM, then SIGKILL after ``grace`` s, WITHOUT reaping: the children belong to the call's own
+    ``join`` (multiprocessing, torch elastic), which must still read their exit codes."""
+    for proc in procs:
+        _signal(proc, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(is_alive(p) for p in procs) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for proc in procs:
+        if is_alive(proc):
+            _signal(proc, signal.SIGKILL)
+
+
+def _expired(what: str, seconds: float, stopped: list[int]) -> str:
+    pids = ", ".join(map(str, stopped)) or "none"
+    return (
+        f"{what} did not finish within {seconds:g} s (timeout_s); the processes it started were stopped "
+        f"(pids {pids}). A rank that never reaches the rendezvous, or one forked while another thread of the "
+        "kernel held a lock, waits forever; run the cell again, and if it hangs again restart the kernel "
+        "(Kernel > Restart) and run the notebook from the top."
+    )

@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import params
+from . import params, proctree
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .params import cleanup, unattended, validate
 
@@ -55,6 +55,11 @@ class Session:
         if self.info.kind == "npu":
             return f"{NEEDS_REAL_NPU} (this one is simulated on CPU): {what}"
         return f"checked only on NPU: {what}"
+
+    def time_limit(self, what: str):
+        """``with S.time_limit("notebook_launcher"): notebook_launcher(...)``: a call that forks ranks inside
+        the kernel ends within ``timeout_s``, or fails saying so with its processes stopped (proctree.py)."""
+        return proctree.time_limit(self.timeout_s, what)
 
     @property
     def visible(self) -> str:

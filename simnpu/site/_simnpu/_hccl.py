@@ -2,7 +2,6 @@
 npu tensors (they share memory, so results land in place)."""
 import ctypes
 import os
-import sys
 
 import torch
 import torch.distributed as dist
@@ -54,7 +53,9 @@ def _quiet_gloo(store, rank, size, timeout):
     "[Gloo] Rank N is connected to ..." lines that real HCCL never prints, and they would land in
     the middle of the ranks' own output."""
     libc = ctypes.CDLL(None)
-    sys.stdout.flush()
+    # Only C stdio is flushed: Python's own buffered text stays in its buffer and reaches the restored
+    # fd later. (A Python-level flush here would, in a rank forked from a Jupyter kernel, take
+    # ipykernel's output lock, which a fork can leave held.)
     libc.fflush(None)
     saved = os.dup(1)
     devnull = os.open(os.devnull, os.O_WRONLY)
