@@ -65,6 +65,7 @@ class Written:
     timeout: float | None = None
     allow_fail: bool = False
     online: bool = False
+    background: bool = False  # %launch --background: started, not waited for (launcher.Background)
 
 
 @dataclass
@@ -116,11 +117,13 @@ def split(text: str) -> list[str]:
 def parse(text: str) -> Written:
     """Options, env prefix and argv of a written command."""
     words = split(text)
-    timeout, allow_fail, online = None, False, False
+    timeout, allow_fail, online, background = None, False, False, False
     while words and words[0].startswith("--"):
         opt = words.pop(0)
         if opt == "--allow-fail":
             allow_fail = True
+        elif opt == "--background":
+            background = True
         elif opt == "--online":
             online = True
         elif opt == "--timeout" or opt.startswith("--timeout="):
@@ -131,21 +134,21 @@ def parse(text: str) -> Written:
             except (ValueError, AssertionError):
                 raise ParameterError(f"--timeout {value!r}: expected a number of seconds > 0") from None
         else:
-            raise ParameterError(f"unknown option {opt!r}; accepted before the command: --timeout S, --allow-fail, --online")
+            raise ParameterError(f"unknown option {opt!r}; accepted before the command: --timeout S, --allow-fail, --online, --background (%launch)")
     env: dict[str, str] = {}
     while words and _ENV_ASSIGN.match(words[0]):
         name, value = words.pop(0).split("=", 1)
         env[name] = value
     if not words:
         raise ParameterError("no command given (e.g. `%cmd python --version`)")
-    return Written(_written_text(text), env, words, timeout, allow_fail, online)
+    return Written(_written_text(text), env, words, timeout, allow_fail, online, background)
 
 
 def _written_text(text: str) -> str:
     """The text as written minus the leading nbtools options (kept verbatim otherwise)."""
     rest = text.strip()
     while True:
-        m = re.match(r"(--allow-fail|--online|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
+        m = re.match(r"(--allow-fail|--online|--background|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
         if not m:
             return rest
         rest = rest[m.end():]

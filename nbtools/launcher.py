@@ -145,12 +145,13 @@ def run_command(
     timeout_name: str = "timeout",
     check: bool = True,
     offline: bool = True,
+    background: bool = False,
     # what the cell shows (nothing else depends on these):
     echo: bool = True,
     shown: str | None = None,
     written: str | None = None,
     why: str = "",
-) -> Result:
+) -> Result | Background:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
     ``env`` is added to the current environment (``unset`` removed from it) and shown in the
@@ -158,6 +159,7 @@ def run_command(
     learner types it (the quick-start's form): it is printed first, and when it differs from what
     really runs, the real command follows with ``why``. A non-zero exit, an error marker
     (ERROR_MARKERS) or the timeout raises, unless ``check`` is False (the timeout always raises).
+    ``background``: start it and return a ``Background`` at once (no timeout; see that class).
     """
     full_env = dict(os.environ)
     full_env["PYTHONUNBUFFERED"] = "1"
@@ -175,6 +177,9 @@ def run_command(
     private_tmp = tempfile.mkdtemp(prefix="nbtools-tmp-")
     full_env["TMPDIR"] = private_tmp
     command = shown or shell_line(argv, env)
+    if background:
+        return Background.start(argv, full_env, cwd=cwd, command=command, written=written, why=why,
+                                also=also, echo=echo, private_tmp=private_tmp)
     try:
         return _stream(
             argv, full_env, cwd=cwd, timeout=timeout, timeout_name=timeout_name, check=check,
@@ -190,23 +195,8 @@ def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command,
     if echo:
         out.write(announce(command, written, why, also))
         out.flush()
-    if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
-        exe = os.path.join(cwd or "", argv[0])
-    else:
-        exe = shutil.which(argv[0], path=full_env.get("PATH"))
-    if not exe or not os.path.exists(exe):
-        raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
-    full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
     start = time.monotonic()
-    proc = subprocess.Popen(
-        [sys.executable, GUARD, "--grace", str(STOP_GRACE_S), "--", *argv],
-        stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,  # the guardian's status line
-        cwd=cwd,
-        env=full_env,
-        start_new_session=True,  # neither a kernel interrupt nor a kernel restart's killpg reaches it
-    )
+    proc = _guarded(argv, full_env, cwd, stdout=subprocess.PIPE)
     lines: list[str] = []
     q: queue.Queue = queue.Queue()
 
@@ -275,6 +265,98 @@ def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command,
     if check:
         _raise_on_failure(result)
     return result
+
+
+def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
+    """Start ``argv`` under a guardian (guard.py) in a new session; its stdin is our control line."""
+    if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
+        exe = os.path.join(cwd or "", argv[0])
+    else:
+        exe = shutil.which(argv[0], path=full_env.get("PATH"))
+    if not exe or not os.path.exists(exe):
+        raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
+    full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
+    return subprocess.Popen(
+        [sys.executable, GUARD, "--grace", str(STOP_GRACE_S), "--", *argv],
+        stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
+        stdout=stdout,
+        stderr=subprocess.PIPE,  # the guardian's status line
+        cwd=cwd,
+        env=full_env,
+        start_new_session=True,  # neither a kernel interrupt nor a kernel restart's killpg reaches it
+    )
+
+
+class Background:
+    """A command started with ``%launch --background`` (a terminal's ``command > log 2>&1 &``).
+
+    It runs under a guardian like every launch: when the kernel restarts or exits, when
+    ``stop()`` is called, or when the session closes (``S.close()``), its whole tree is stopped.
+    Its output goes to ``log`` in the working directory. ``wait()`` returns its exit code.
+    """
+
+    running_now: list[Background] = []
+
+    def __init__(self, command, proc, log, private_tmp):
+        self.command, self.proc, self.log, self._tmp = command, proc, log, private_tmp
+        self.pid = proc.pid  # the guardian's; `python -m nbtools ps` lists the launch under it
+        self.plan: LaunchPlan | None = None
+        self.port: int | None = None
+        self.returncode: int | None = None
+
+    @classmethod
+    def start(cls, argv, full_env, *, cwd, command, written, why, also, echo, private_tmp) -> Background:
+        script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
+        log = Path(cwd or os.getcwd()) / f"{Path(script).stem}.log"
+        if echo:
+            sys.stdout.write(announce(f"{command} > {log.name} 2>&1 &", written and f"{written} &", why, also))
+            sys.stdout.flush()
+        with open(log, "wb") as out:
+            proc = _guarded(argv, full_env, cwd, stdout=out)
+        bg = cls(command, proc, log, private_tmp)
+        cls.running_now.append(bg)
+        if echo:
+            print(f"[nbtools] running in the background (guardian pid {proc.pid}); output in {log.name}")
+        return bg
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code once it ended (waits up to ``timeout`` s; None if still running)."""
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self._ended(_status(self.proc))
+
+    def stop(self) -> int | None:
+        """Stop its whole tree now (as the guardian does when the kernel goes); its exit code."""
+        return self._ended(_halt(self.proc) if self.running() else _status(self.proc))
+
+    def _ended(self, status: dict) -> int | None:
+        if self.returncode is None:
+            self.returncode = status.get("returncode")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        if self in Background.running_now:
+            Background.running_now.remove(self)
+        return self.returncode
+
+    @classmethod
+    def stop_all(cls) -> list[str]:
+        """Stop every background command still running; what was stopped."""
+        stopped = [bg.command for bg in list(cls.running_now) if bg.running()]
+        for bg in list(cls.running_now):
+            bg.stop()
+        return stopped
+
+    def __repr__(self) -> str:
+        state = "running" if self.running() else f"exit {self.wait(0)}"
+        return f"<Background: {state}, guardian pid {self.pid}, output in {self.log.name}>"
 
 
 def _status(proc: subprocess.Popen) -> dict:
@@ -461,7 +543,8 @@ def accelerate_launch(
     why: str = "",
     isolate_config: bool = True,
     info: DeviceInfo | None = None,
-) -> Result:
+    background: bool = False,
+) -> Result | Background:
     """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
 
     ``written``/``why``: see ``run_command``; the command a learner types, printed before the real one.
@@ -487,7 +570,8 @@ def accelerate_launch(
     config_flags = launch_config(plan, cwd if cwd is not None else os.getcwd()) if isolate else []
     return _launch_tries(
         plan, script, script_args, mixed_precision, port, run_env, unset, [*config_flags, *extra_flags],
-        dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why),
+        dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why,
+             background=background),
         check,
     )
 
@@ -563,6 +647,8 @@ def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, uns
                 exc.result.plan, exc.result.port = plan, chosen
             raise
         result.plan, result.port = plan, chosen
+        if isinstance(result, Background):
+            return result
         failed = result.returncode != 0 and attempt + 1 < tries
         if failed and port is None and num_processes > 1 and _PORT_IN_USE.search(result.output):
             if echo:

@@ -6,7 +6,8 @@ needs another command for the same meaning, ``# runs here as: <real>`` and ``# w
 whole process tree stopped, error markers) and returns an ``nbtools.Result``.
 
 Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
-``--online`` (let Hugging Face reach the network). Without ``nbtools.setup`` the magics use device
+``--online`` (let Hugging Face reach the network), and for ``%launch`` ``--background`` (return a
+``launcher.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end). Without ``nbtools.setup`` the magics use device
 "auto", the kernel's cwd and a 600 s timeout.
 """
 
@@ -93,6 +94,8 @@ def _failed(exc: LaunchError, written: commands.Written) -> Result:
 def run_written(text: str) -> Result:
     """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
     written = commands.parse(text)
+    if written.background:
+        raise ParameterError("--background is a %launch option (a launch that keeps running while the notebook goes on)")
     info, device, timeout, timeout_name = _context()
     real = commands.resolve(written, info, device)
     same = real.argv == written.argv and real.env == written.env
@@ -136,10 +139,11 @@ def run_launch(text: str) -> Result:
             written=written.text,
             why=commands.launch_why(call, plan, info),
             info=info,  # the same device answers the why line was made from
+            background=written.background,
         )
     except LaunchError as exc:
         return _failed(exc, written)
-    return _finish(result, written)
+    return result if written.background else _finish(result, written)
 
 
 @magics_class

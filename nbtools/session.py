@@ -97,6 +97,10 @@ class Session:
         self.closed = True
         if _CURRENT is self:
             _CURRENT = None
+        from .launcher import Background  # the launch part sits above the session's core imports
+
+        for command in Background.stop_all():
+            print(f"stopped a background launch still running: {command}")
         try:
             os.chdir(self.origin)
             back = f"cwd back to {self.origin}"

@@ -293,3 +293,37 @@ def test_time_limit_passes_a_call_that_ends_in_time():
         x = 1
     assert x == 1
     time.sleep(5.5)  # the cancelled timer never fires into later code
+
+
+# --------------------------------------------------------------------------- %launch --background
+def _background_in_kernel(kc, script: Path) -> str:
+    return _run_cell(
+        kc,
+        "import nbtools\n%load_ext nbtools\n"
+        f"S = nbtools.setup(num_processes=2, work_dir={str(script.parent)!r}, keep_work_dir=True)\n"
+        f"bg = %launch --background accelerate launch --num_processes 2 {script}\n"
+        "print('returned:', type(bg).__name__, bg.running())",
+    )
+
+
+@pytest.mark.parametrize("how", ["close", "restart"])
+def test_background_launch_is_stopped_by_close_or_restart(kernel, tmp_path, how):
+    km, kc = kernel
+    script = _quiet_script(tmp_path)
+    out = _background_in_kernel(kc, script)
+    assert "returned: Background True" in out, out
+    assert f"{script} > quiet_ranks.log 2>&1 &" in out, out  # the printed line runs as printed, in background
+    _wait_ready(script)
+    if how == "close":
+        closed = _run_cell(kc, "S.close()\nprint('exit code:', bg.returncode)")
+        assert "stopped a background launch still running" in closed and "exit code: None" not in closed, closed
+    else:
+        km.restart_kernel()
+    _assert_all_gone(script)
+
+
+def test_background_is_a_launch_option_only():
+    from nbtools.magics import run_written
+
+    with pytest.raises(nbtools.ParameterError, match="--background is a %launch option"):
+        run_written("--background python -c pass")
