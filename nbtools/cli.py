@@ -85,6 +85,24 @@ def _cmd_run(args) -> int:
     return 0 if rep.ok else 1
 
 
+def _cmd_answers(args) -> int:
+    from .answers import run_answers
+    from .runner import detect_for_kernel, discover
+
+    notebooks = discover(args.notebooks)
+    _simulate(args)
+    out = Path(args.output) if args.output else Path("nbtools-output") / "answers"
+    print(detect_for_kernel(args.kernel).summary())
+    answers = run_answers(notebooks, out, kernel=args.kernel, timeout=args.timeout)
+    for a in answers:
+        print(f"{'ok' if not a.problems else 'FAILED':>6}  {a.name}: {', '.join(f'{k} {v}' for k, v in a.spec['expect'].items())}")
+        for problem in a.problems:
+            print(f"          {problem}")
+    bad = [a for a in answers if a.problems]
+    print(f"{'FAILED' if bad else 'PASSED'}: {len(answers) - len(bad)}/{len(answers)} answers do what their text says; runs in {out}")
+    return 1 if bad or not answers else 0
+
+
 def _cmd_ps(args) -> int:
     from .ps import main as ps_main
 
@@ -176,6 +194,14 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("script")
     la.add_argument("args", nargs=argparse.REMAINDER)
     la.set_defaults(func=_cmd_launch)
+
+    an = sub.add_parser("answers", parents=[sim], help="apply every exercise answer that is code to its lesson, run it, "
+                        "and check that the checks say what the answer says")
+    an.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
+    an.add_argument("--output", help="output dir of the runs (default: nbtools-output/answers)")
+    an.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
+    an.add_argument("--kernel", default="python3", help="Jupyter kernel name (as for run)")
+    an.set_defaults(func=_cmd_answers)
 
     c = sub.add_parser("check", help="hygiene of the committed notebooks (clean, tagged, no shell escapes)")
     c.add_argument("folder", nargs="?")

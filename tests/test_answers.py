@@ -1,0 +1,112 @@
+"""The exercise answers that are code: how they are applied to a lesson, and that every one still applies.
+
+Running them is `python -m nbtools answers` (a README command, run by CI); here the parts in milliseconds.
+"""
+
+from __future__ import annotations
+
+import nbformat
+import pytest
+
+from nbtools.answers import Answer, answer_blocks, apply, collect, judge
+from nbtools.errors import ParameterError
+from nbtools.runner import discover
+
+EXERCISES = """## 练习
+
+1. Change it.
+
+   <details><summary>提示</summary>
+
+   ```python
+   hint_code()
+   ```
+
+   </details>
+   <details><summary>答案</summary>
+
+   Add this:
+
+   ```python
+   with torch.no_grad():
+       w.mul_(-1)
+   ```
+
+   </details>
+
+2. Another.
+
+   <details><summary>答案</summary>
+
+   ```shell
+   accelerate launch x.py
+   ```
+
+   </details>
+"""
+
+
+def _lesson():
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [
+        nbformat.v4.new_code_cell("device = 'auto'\nnum_processes = 2", metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_markdown_cell("## 坑 3：fork"),
+        nbformat.v4.new_code_cell("if True:\n    loaded = dispatch()\n    go(loaded)"),
+        nbformat.v4.new_code_cell("budget = int(0.4 * size)"),
+        nbformat.v4.new_markdown_cell(EXERCISES),
+    ]
+    return nb
+
+
+def test_answer_blocks_are_the_answers_code_dedented_not_the_hints():
+    assert answer_blocks(EXERCISES, 1) == ["with torch.no_grad():\n    w.mul_(-1)\n"]
+    assert answer_blocks(EXERCISES, 2) == ["accelerate launch x.py\n"]
+    with pytest.raises(ParameterError, match="exercise 3 does not exist"):
+        answer_blocks(EXERCISES, 3)
+
+
+def test_apply_inserts_replaces_adds_a_cell_and_sets_parameters():
+    nb = _lesson()
+    spec = {
+        "params": {"num_processes": 1},
+        "edits": [
+            {"cell": "loaded = dispatch()", "after": "loaded = dispatch()", "code": 0},
+            {"cell": "budget = int(", "replace": "0.4 * size", "code": "0.25 * size"},
+            {"new_cell_before": "## 坑 3", "code": "from accelerate import Accelerator; Accelerator()"},
+        ],
+    }
+    apply(nb, spec, answer_blocks(EXERCISES, 1))
+    sources = [c.source for c in nb.cells]
+    assert sources[0].endswith("num_processes = 1  # set by this answer")
+    assert sources[1] == "from accelerate import Accelerator; Accelerator()" and sources[2] == "## 坑 3：fork"
+    assert sources[3] == "if True:\n    loaded = dispatch()\n    with torch.no_grad():\n        w.mul_(-1)\n    go(loaded)"
+    assert sources[4] == "budget = int(0.25 * size)"
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"cell": "loaded = load()", "after": "x", "code": "y"}, "no code cell"),
+        ({"cell": "budget = int(", "replace": "0.5 * size", "code": "y"}, "is not in the cell any more"),
+        ({"cell": "loaded = dispatch()", "after": "loaded = dispatch()", "code": 3}, "has 1 code block"),
+        ({"new_cell_before": "## 坑 9", "code": "y"}, "no  cell"),
+    ],
+)
+def test_an_answer_whose_lesson_changed_fails(edit, message):
+    with pytest.raises(ParameterError, match=message):
+        apply(_lesson(), {"edits": [edit]}, answer_blocks(EXERCISES, 1))
+
+
+def test_judge_compares_status_and_reason():
+    a = Answer(None, 1, {"expect": {"c1": "passed", "c2": "failed: not close", "c3": "failed", "notebook": "passed"}})
+    judge(a, {"c1": ("passed", ""), "c2": ("failed", "AssertionError: Tensor-likes are close"), "c3": ("skipped", "no NPU"),
+              "notebook": ("passed", "")})
+    assert [p.split(":")[0] for p in a.problems] == ["c2", "c3"], a.problems
+
+
+def test_every_committed_answer_still_applies_to_its_lesson(tmp_path):
+    answers = collect(discover(None), tmp_path)
+    assert answers, "no notebook declares an answer to run"
+    assert not [(a.name, a.problems) for a in answers if a.problems]
+    for a in answers:
+        assert a.spec["expect"], f"{a.name}: an answer that expects nothing checks nothing"
