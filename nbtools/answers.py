@@ -133,7 +133,7 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
         nb = nbformat.read(path, as_version=4)
         cell = exercise_cell(nb)
         specs = (cell.metadata.get("nbtools", {}).get("answers", []) if cell is not None else [])
-        for spec in specs:
+        for k, spec in enumerate(specs):
             answer = Answer(path, int(spec["exercise"]), spec)
             variant = nbformat.read(path, as_version=4)
             try:
@@ -141,7 +141,7 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
             except ParameterError as exc:
                 answer.problems.append(str(exc))
             else:
-                answer.variant = folder / f"{path.stem}__answer{answer.exercise}.ipynb"
+                answer.variant = folder / f"{path.stem}__answer{answer.exercise}_{k}.ipynb"
                 nbformat.write(variant, answer.variant)
             answers.append(answer)
     return answers
@@ -171,5 +171,20 @@ def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout
             for n in report.notebooks:
                 if Path(n.path).name == a.variant.name:
                     verdicts["notebook"] = (n.status, n.error)
+                    if n.output:  # a failed check's whole error, not only its first line
+                        verdicts.update(_full_errors(output_dir / n.output, verdicts))
             judge(a, verdicts)
     return answers
+
+
+def _full_errors(executed: Path, verdicts: dict) -> dict:
+    from .checks import check_ids
+    from .model import strip_ansi
+
+    out = {}
+    for cell in nbformat.read(executed, as_version=4).cells:
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        for cid in check_ids(cell.get("metadata", {}).get("tags")) if errors else ():
+            status, _ = verdicts.get(cid, ("failed", ""))
+            out[cid] = (status, f"{errors[0].get('ename')}: {strip_ansi(str(errors[0].get('evalue', '')))}")
+    return out
