@@ -10,13 +10,32 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from .device import CANN_FIX, DeviceInfo, detect
 from .versions import installed, requires_python, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
+REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")
+
+
+def series_requirements(path: Path | None = None) -> dict[str, SpecifierSet]:
+    """What requirements.txt asks of each package (``{"transformers": <SpecifierSet('<5.0,>=4.40')>}``);
+    empty when the file is not there (an install that is not a checkout)."""
+    try:
+        lines = (path or REQUIREMENTS).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return {}
+    wanted = {}
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if line and not line.startswith("-"):
+            req = Requirement(line)
+            wanted[canonicalize_name(req.name)] = req.specifier
+    return wanted
 
 
 def quickstart_matrix(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
@@ -127,12 +146,13 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
         if info.kind == "npu" and not info.bf16:
             status, note = WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'"
         rows.append(Row("devices", info.label, status, note))
-    for pkg, need in (("accelerate", None), ("transformers", "<5.0"), ("papermill", None), ("nbclient", None), ("ipykernel", None)):
-        ver = installed(pkg)
+    wanted = series_requirements()
+    for pkg in ("accelerate", "transformers", "papermill", "nbclient", "ipykernel"):
+        ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
         if not ver:
             rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements.txt"))
-        elif need == "<5.0" and _major_minor(ver) >= (5,):
-            rows.append(Row(pkg, ver, WARN, "the quick-start was validated with transformers<5.0: pip install 'transformers<5'"))
+        elif not spec.contains(ver, prereleases=True):
+            rows.append(Row(pkg, ver, WARN, f"requirements.txt asks for {pkg}{spec}: pip install '{pkg}{spec}'"))
         else:
             rows.append(Row(pkg, ver, OK))
     if not installed("ipywidgets"):

@@ -10,11 +10,9 @@ from __future__ import annotations
 
 def public_version(version: str) -> str:
     """The PEP 440 public version: local labels dropped (``2.14.1+cu130`` -> ``2.14.1``)."""
+    from packaging.version import InvalidVersion, Version  # a dependency of nbtools (pyproject.toml)
+
     text = str(version).strip()
-    try:
-        from packaging.version import InvalidVersion, Version
-    except ImportError:  # packaging comes with accelerate; keep a plain fallback anyway
-        return text.split("+", 1)[0]
     try:
         return Version(text).public
     except InvalidVersion:

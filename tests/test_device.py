@@ -202,3 +202,19 @@ def test_cann_set_env_is_found_in_either_layout_and_through_the_install_record(t
     record.write_text(f"Install_Path={root}\n")
     assert cann_set_env(record, root=str(tmp_path / "elsewhere")) == str(root / layout / "set_env.sh")
     assert cann_set_env(tmp_path / "no-record", root=str(tmp_path / "elsewhere")) is None
+
+
+def test_doctor_holds_packages_to_requirements_txt(monkeypatch, tmp_path):
+    """The specifiers come from requirements.txt (packaging), not from a copy in the doctor."""
+    import nbtools
+    from nbtools import doctor
+
+    req = tmp_path / "requirements.txt"
+    req.write_text("# comment\naccelerate>=1.0\ntransformers>=4.40,<5.0  # the quick-start's\n-r other.txt\n")
+    monkeypatch.setattr(doctor, "REQUIREMENTS", req)
+    assert {k: str(v) for k, v in doctor.series_requirements().items()} == {"accelerate": ">=1.0", "transformers": "<5.0,>=4.40"}
+    real = doctor.installed
+    monkeypatch.setattr(doctor, "installed", lambda pkg: "5.0.0" if pkg == "transformers" else real(pkg))
+    rows = {r.what: r for r in doctor.diagnose(nbtools.detect())}
+    assert rows["transformers"].status == doctor.WARN and "transformers<5.0,>=4.40" in rows["transformers"].note
+    assert rows["accelerate"].status == doctor.OK
