@@ -93,6 +93,8 @@ def _cmd_answers(args) -> int:
     _simulate(args)
     out = Path(args.output) if args.output else Path("nbtools-output") / "answers"
     print(detect_for_kernel(args.kernel).summary())
+    print("each answer runs a copy of its lesson changed as the answer says; most answers make a check fail on "
+          "purpose, so 'failed' below is often what is expected: the verdicts are compared at the end")
     answers = run_answers(notebooks, out, kernel=args.kernel, timeout=args.timeout)
     for a in answers:
         print(f"{'ok' if not a.problems else 'FAILED':>6}  {a.name}: {', '.join(f'{k} {v}' for k, v in a.spec['expect'].items())}")
