@@ -303,6 +303,7 @@ class Background:
         self.plan: LaunchPlan | None = None
         self.port: int | None = None
         self.returncode: int | None = None
+        self._ended_status: dict | None = None  # the guardian's status line, read once
 
     @classmethod
     def start(cls, argv, full_env, *, cwd, command, written, why, also, echo, private_tmp) -> Background:
@@ -328,6 +329,8 @@ class Background:
 
     def wait(self, timeout: float | None = None) -> int | None:
         """Its exit code once it ended (waits up to ``timeout`` s; None if still running)."""
+        if self._ended_status is not None:
+            return self.returncode
         try:
             self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -336,11 +339,13 @@ class Background:
 
     def stop(self) -> int | None:
         """Stop its whole tree now (as the guardian does when the kernel goes); its exit code."""
+        if self._ended_status is not None:
+            return self.returncode
         return self._ended(_halt(self.proc) if self.running() else _status(self.proc))
 
     def _ended(self, status: dict) -> int | None:
-        if self.returncode is None:
-            self.returncode = status.get("returncode")
+        self._ended_status = status
+        self.returncode = status.get("returncode")
         shutil.rmtree(self._tmp, ignore_errors=True)
         if self in Background.running_now:
             Background.running_now.remove(self)

@@ -327,3 +327,15 @@ def test_background_is_a_launch_option_only():
 
     with pytest.raises(nbtools.ParameterError, match="--background is a %launch option"):
         run_written("--background python -c pass")
+
+
+def test_background_can_be_asked_again_once_it_ended(tmp_path, monkeypatch):
+    """wait(), stop() and repr after the end read the one status the guardian wrote, not a closed pipe."""
+    from nbtools.launcher import Background, run_command
+
+    monkeypatch.chdir(tmp_path)
+    bg = run_command([sys.executable, "-c", "print('hi')"], cwd=tmp_path, background=True, echo=False)
+    assert isinstance(bg, Background)
+    assert bg.wait(timeout=60) == 0 and bg.wait() == 0 and bg.stop() == 0
+    assert "exit 0" in repr(bg) and "hi" in bg.output
+    assert bg not in Background.running_now
