@@ -27,7 +27,9 @@ something else than expected: the exercise text and the lesson drifted apart.
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -77,8 +79,6 @@ def answer_blocks(exercises_md: str, number: int) -> list[str]:
 
 
 def _dedent(block: str) -> str:
-    import textwrap
-
     return textwrap.dedent(block).rstrip("\n") + "\n"
 
 
@@ -111,7 +111,7 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
         if "replace" in edit:
             if edit["replace"] not in cell.source:
                 raise ParameterError(f"{edit['replace']!r} is not in the cell any more")
-            cell.source = cell.source.replace(edit["replace"], code.rstrip("\n") if "\n" in code else code, 1)
+            cell.source = cell.source.replace(edit["replace"], code.rstrip("\n"), 1)
         else:
             lines = cell.source.split("\n")
             at = [i for i, line in enumerate(lines) if edit["after"] in line]
@@ -161,19 +161,21 @@ def judge(answer: Answer, verdicts: dict[str, tuple[str, str]]) -> None:
 def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout: float | None, log=print) -> list[Answer]:
     from .runner import run_notebooks
 
-    folder = Path(tempfile.mkdtemp(prefix="nbtools-answers-"))
-    answers = collect(notebooks, folder)
-    runnable = [a for a in answers if a.variant is not None]
-    if runnable:
-        report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout, log=log)
-        for a in runnable:
-            verdicts = {c.id: (c.status, c.reason) for c in report.checks if c.notebook == a.variant.name}
-            for n in report.notebooks:
-                if Path(n.path).name == a.variant.name:
-                    verdicts["notebook"] = (n.status, n.error)
-                    if n.output:  # a failed check's whole error, not only its first line
-                        verdicts.update(_full_errors(output_dir / n.output, verdicts))
-            judge(a, verdicts)
+    folder = Path(tempfile.mkdtemp(prefix="nbtools-answers-"))  # the variants; the executed copies go to output_dir
+    try:
+        answers = collect(notebooks, folder)
+        runnable = [a for a in answers if a.variant is not None]
+        report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout, log=log) if runnable else None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    for a in runnable:
+        verdicts = {c.id: (c.status, c.reason) for c in report.checks if c.notebook == a.variant.name}
+        for n in report.notebooks:
+            if Path(n.path).name == a.variant.name:
+                verdicts["notebook"] = (n.status, n.error)
+                if n.output:  # a failed check's whole error, not only its first line
+                    verdicts.update(_full_errors(output_dir / n.output, verdicts))
+        judge(a, verdicts)
     return answers
 
 

@@ -71,15 +71,29 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def terminate_then_kill(procs, grace: float = 5.0, kill_wait: float = 3.0) -> list[int]:
-    """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL."""
+def terminate_then_kill(procs, grace: float = 5.0, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
+    """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL.
+
+    ``reap=False`` waits without reaping: for children whose own parent code (multiprocessing's
+    ``join``, torch elastic) must still read their exit codes.
+    """
     procs = list(procs)
     for proc in procs:
         _signal(proc, signal.SIGTERM)
-    _, still = psutil.wait_procs(procs, timeout=grace)
+    still = _wait(procs, grace, reap)
     killed = [p.pid for p in still if _signal(p, signal.SIGKILL)]
-    psutil.wait_procs(still, timeout=kill_wait)
+    _wait(still, kill_wait, reap)
     return killed
+
+
+def _wait(procs: list[psutil.Process], timeout: float, reap: bool) -> list[psutil.Process]:
+    """The processes still alive after up to ``timeout`` s."""
+    if reap:
+        return psutil.wait_procs(procs, timeout=timeout)[1]
+    deadline = time.monotonic() + timeout
+    while (alive := [p for p in procs if is_alive(p)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return alive
 
 
 def _signal(proc: psutil.Process, sig: int) -> bool:
@@ -112,7 +126,7 @@ def time_limit(seconds: float, what: str, grace: float = 15.0):
         fired.set()
         new = [p for p in me.children(recursive=True) if p.pid not in before]
         stopped.extend(p.pid for p in new)
-        _stop_unreaped(new, grace=3.0)
+        terminate_then_kill(new, grace=3.0, kill_wait=1.0, reap=False)
         if not done.wait(grace):
             os.kill(os.getpid(), signal.SIGINT)  # wakes a blocking wait; KeyboardInterrupt in the main thread
 
@@ -130,19 +144,6 @@ def time_limit(seconds: float, what: str, grace: float = 15.0):
         timer.cancel()
     if fired.is_set():
         raise LaunchTimeout(_expired(what, seconds, stopped))
-
-
-def _stop_unreaped(procs, grace: float) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` s, WITHOUT reaping: the children belong to the call's own
-    ``join`` (multiprocessing, torch elastic), which must still read their exit codes."""
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    while any(is_alive(p) for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    for proc in procs:
-        if is_alive(proc):
-            _signal(proc, signal.SIGKILL)
 
 
 def _expired(what: str, seconds: float, stopped: list[int]) -> str:
