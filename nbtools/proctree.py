@@ -20,6 +20,10 @@ import psutil
 
 from .errors import LaunchTimeout
 
+# The one grace period between SIGTERM and SIGKILL for everything nbtools stops (a launch's tree,
+# a run's kernel, leftovers found by `nbtools ps`): torch elastic's agent ends its workers in ~2 s.
+GRACE = 5.0
+
 
 class ProcessTree:
     """The launcher process and every descendant seen so far."""
@@ -36,18 +40,13 @@ class ProcessTree:
 
     def refresh(self) -> None:
         """Remember descendants now: once the launcher dies, orphans can no longer be found from it."""
-        if self.root is None:
-            return
-        try:
-            for child in self.root.children(recursive=True):
-                self.known.setdefault(child.pid, child)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+        if self.root is not None:
+            remember(self.root_pid, self.known)
 
     def alive(self) -> list[psutil.Process]:
         return [proc for proc in self.known.values() if is_alive(proc)]
 
-    def stop(self, grace: float = 5.0) -> list[int]:
+    def stop(self, grace: float = GRACE) -> list[int]:
         """Stop the whole tree; returns the pids that had to be killed with SIGKILL.
 
         Only processes still alive are signalled (psutil checks that a pid was not reused), never
@@ -71,7 +70,29 @@ def is_alive(proc: psutil.Process) -> bool:
         return False
 
 
-def terminate_then_kill(procs, grace: float = 5.0, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
+def remember(pid: int, known: dict[int, psutil.Process]) -> None:
+    """Add ``pid`` and every descendant alive now to ``known`` (kept there once they are orphaned)."""
+    try:
+        root = psutil.Process(pid)
+        known.setdefault(pid, root)
+        for child in root.children(recursive=True):
+            known.setdefault(child.pid, child)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+
+
+def signal_group(pid: int, sig: int) -> None:
+    """``sig`` to the process group ``pid`` leads (a kernel runs in its own session), else to ``pid``."""
+    try:
+        os.killpg(os.getpgid(pid), sig)
+    except OSError:
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
+def terminate_then_kill(procs, grace: float = GRACE, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
     """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL.
 
     ``reap=False`` waits without reaping: for children whose own parent code (multiprocessing's
