@@ -33,10 +33,10 @@ from .device import CANN_FIX, DeviceInfo, LaunchPlan
 from .errors import LaunchError, LaunchTimeout
 from .expected import parse_kv
 from .params import validate
+from .proctree import GRACE, kill_now
 
 GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
-STOP_GRACE_S = 5.0  # SIGTERM first; SIGKILL whatever is still alive after this
 MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
 ABORT_RERUN_SAID = "running the whole launch again"  # in the line a rerun prints (the bench counts them)
 # The quick-start's doc-test engine fails a run whose output holds any of these.
@@ -277,7 +277,7 @@ def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
     return subprocess.Popen(
-        [sys.executable, GUARD, "--grace", str(STOP_GRACE_S), "--", *argv],
+        [sys.executable, GUARD, "--grace", str(GRACE), "--", *argv],
         stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
         stdout=stdout,
         stderr=subprocess.PIPE,  # the guardian's status line
@@ -385,7 +385,7 @@ def _status(proc: subprocess.Popen) -> dict:
 
 def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
     """Ask the guardian to stop the whole tree and wait for it; a second Ctrl-C asks it to kill at once."""
-    wait = STOP_GRACE_S + 5
+    wait = GRACE + 5
     while True:
         try:
             if proc.stdin and not proc.stdin.closed:
@@ -397,7 +397,7 @@ def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
             proc.wait(timeout=wait)
             break
         except subprocess.TimeoutExpired:
-            proc.kill()  # the guardian itself is wedged (never seen); its tree then re-parents to init
+            kill_now(proc.pid)  # the guardian itself is wedged (never seen); its tree then re-parents to init
             proc.wait()
             break
         except KeyboardInterrupt:

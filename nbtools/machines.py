@@ -23,6 +23,7 @@ job inherits, and stopped from the top: SIGTERM to the topmost ones (the launche
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ import psutil
 from . import commands
 from .errors import LaunchError, LaunchTimeout, ParameterError
 from .launcher import Result, announce, benign_blocks, foreign_accelerate_vars, neutral_config, run_command, shell_line
-from .proctree import terminate_then_kill
+from .proctree import stop_from_top
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
 DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
@@ -109,20 +110,19 @@ def processes_of(token: str) -> list[psutil.Process]:
     return found
 
 
-def stop(token: str, grace: float = 8.0) -> bool:
-    """Stop every process of one job: SIGTERM to the topmost, SIGKILL after ``grace``. False if none was found."""
+def stop(token: str) -> bool:
+    """Stop every process of one job (its topmost first: the guardian stops its own tree). False if none was found."""
     procs = processes_of(token)
     if not procs:
         return False
     pids = {p.pid for p in procs}
+    tops = []
     for proc in procs:
-        try:
+        with contextlib.suppress(psutil.Error):
             if proc.ppid() not in pids:
-                proc.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace)  # the guardian stops its tree within its own grace
-    terminate_then_kill({p.pid: p for p in alive + processes_of(token)}.values(), grace=1.0)
+                tops.append(proc)
+    stop_from_top(procs, tops)
+    stop_from_top(processes_of(token), [])  # anything the job started while it was being stopped
     return True
 
 

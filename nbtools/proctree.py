@@ -92,6 +92,24 @@ def signal_group(pid: int, sig: int) -> None:
             pass
 
 
+def stop_from_top(procs, tops, grace: float = GRACE) -> list[int]:
+    """Stop processes whose ``tops`` stop their own trees (guardians): SIGTERM to the tops, up to
+    ``grace`` + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
+    wedged one). Returns the pids still alive afterwards (none, normally)."""
+    procs, tops = list(procs), list(tops)
+    for top in tops:
+        _signal(top, signal.SIGTERM)
+    alive = _wait(procs, grace + 3 if tops else 0.1, reap=True)
+    terminate_then_kill(alive, grace)
+    return [p.pid for p in alive if is_alive(p)]
+
+
+def kill_now(pid: int) -> None:
+    """SIGKILL ``pid`` (a wedged guardian: its tree re-parents to init)."""
+    with contextlib.suppress(psutil.Error):
+        _signal(psutil.Process(pid), signal.SIGKILL)
+
+
 def terminate_then_kill(procs, grace: float = GRACE, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
     """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL.
 

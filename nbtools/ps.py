@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from .launcher import GUARD, MARKER_ENV, STOP_GRACE_S
+from .launcher import GUARD, MARKER_ENV
 from .npusmi import parse_npu_smi, summary
-from .proctree import is_alive, terminate_then_kill
+from .proctree import GRACE, stop_from_top
 
 
 @dataclass
@@ -98,25 +98,20 @@ def render(launches: list[Launch], width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def stop(launches: list[Launch], grace: float = STOP_GRACE_S) -> list[int]:
-    """Stop every process of these launches; returns the pids still alive afterwards (none, normally)."""
-    pids = [p.pid for g in launches for p in g.processes]
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    guardians = [p for g in launches for p in g.processes if p.role == "guardian"]
-    for g in guardians:  # each guardian stops its own tree, gracefully first
-        try:
-            psutil.Process(g.pid).terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(procs, timeout=grace + 3 if guardians else 0.1)
-    # No guardian (it was killed), or it could not stop them: terminate, then kill.
-    terminate_then_kill(alive, grace)
-    return [p.pid for p in alive if is_alive(p)]
+def stop(launches: list[Launch], grace: float = GRACE) -> list[int]:
+    """Stop every process of these launches (each guardian first: it stops its own tree gracefully);
+    returns the pids still alive afterwards (none, normally)."""
+    procs, tops = [], []
+    for launch in launches:
+        for p in launch.processes:
+            try:
+                proc = psutil.Process(p.pid)
+            except psutil.Error:
+                continue
+            procs.append(proc)
+            if p.role == "guardian":
+                tops.append(proc)
+    return stop_from_top(procs, tops, grace)
 
 
 def npu_processes(timeout: float = 20) -> str | None:
