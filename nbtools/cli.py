@@ -168,22 +168,26 @@ def _simulation_options() -> argparse.ArgumentParser:
     return sim
 
 
+def _notebook_run_options(p: argparse.ArgumentParser, default_output: str) -> None:
+    p.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
+    p.add_argument("--output", help=f"output dir (default: {default_output})")
+    p.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
+    p.add_argument(
+        "--kernel",
+        default="python3",
+        help="Jupyter kernel name, as `jupyter kernelspec list` shows it (ModelArts names kernels per engine); "
+        "the device is probed with that kernel's own interpreter",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m nbtools", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sim = _simulation_options()
 
     r = sub.add_parser("run", parents=[sim], help="execute notebooks with papermill and write report.json/report.md/junit.xml")
-    r.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
+    _notebook_run_options(r, "nbtools-output/<timestamp>")
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
-    r.add_argument("--output", help="output dir (default: nbtools-output/<timestamp>)")
-    r.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
-    r.add_argument(
-        "--kernel",
-        default="python3",
-        help="Jupyter kernel name, as `jupyter kernelspec list` shows it (ModelArts names kernels per engine); "
-        "the device is probed with that kernel's own interpreter",
-    )
     r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
     r.set_defaults(func=_cmd_run)
 
@@ -199,10 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     an = sub.add_parser("answers", parents=[sim], help="apply every exercise answer that is code to its lesson, run it, "
                         "and check that the checks say what the answer says")
-    an.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
-    an.add_argument("--output", help="output dir of the runs (default: nbtools-output/answers)")
-    an.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
-    an.add_argument("--kernel", default="python3", help="Jupyter kernel name (as for run)")
+    _notebook_run_options(an, "nbtools-output/answers")
     an.set_defaults(func=_cmd_answers)
 
     c = sub.add_parser("check", help="hygiene of the committed notebooks (clean, tagged, no shell escapes)")

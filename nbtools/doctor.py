@@ -93,59 +93,68 @@ def accelerate_config_path() -> str | None:
 
 def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     info = info or detect()
-    v = info.versions
-    rows: list[Row] = []
+    rows = [_python_row(info.versions["python"])]
+    rows += [Row("setup", p.what, FAIL if p.blocking else WARN, p.fix) for p in info.problems]
+    rows += _torch_rows(info)
+    rows.append(_devices_row(info))
+    rows += _package_rows()
+    cfg = accelerate_config_path()
+    if cfg and os.path.exists(cfg):
+        note = "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)"
+        rows.append(Row("accelerate config", cfg, INFO, note))
+    return rows
+
+
+def _python_row(version: str) -> Row:
     py = sys.version_info
     supported = SpecifierSet(requires_python())
     if not supported.contains(f"{py.major}.{py.minor}.{py.micro}"):
-        rows.append(Row("python", v["python"], FAIL, f"Python {supported} is needed (the versions CI runs the series on)"))
-    elif f"{py.major}.{py.minor}" != QUICKSTART.get("python"):
-        rows.append(Row("python", v["python"], INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; Python {supported} works"))
-    else:
-        rows.append(Row("python", v["python"], OK))
-    for p in info.problems:
-        rows.append(Row("setup", p.what, FAIL if p.blocking else WARN, p.fix))
-    torch_v = v.get("torch")
+        return Row("python", version, FAIL, f"Python {supported} is needed (the versions CI runs the series on)")
+    if f"{py.major}.{py.minor}" != QUICKSTART.get("python"):
+        return Row("python", version, INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; Python {supported} works")
+    return Row("python", version, OK)
+
+
+def _torch_rows(info: DeviceInfo) -> list[Row]:
+    """torch, torch_npu and CANN: installed, matching each other, and as the quick-start had them."""
+    v = info.versions
+    torch_v, npu_v = v.get("torch"), v.get("torch_npu")
     if not torch_v:
-        rows.append(Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: pip install -r requirements-npu.txt"))
+        rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: pip install -r requirements-npu.txt")]
     else:
-        on_npu = bool(v.get("torch_npu"))
         want = QUICKSTART.get("torch")
-        status = WARN if on_npu and want and _major_minor(torch_v) != _major_minor(want) else OK
-        rows.append(Row("torch", torch_v, status, f"quick-start: {want}" if status != OK else ""))
-    npu_v = v.get("torch_npu")
-    if npu_v:
-        if torch_v and _major_minor(npu_v) != _major_minor(torch_v):
-            rows.append(
-                Row(
-                    "torch_npu",
-                    npu_v,
-                    FAIL,
-                    f"torch_npu {npu_v} does not match torch {torch_v}: install the pair from the "
-                    "torch / torch_npu / CANN compatibility matrix (https://gitcode.com/Ascend/pytorch)",
-                )
-            )
-        else:
-            want = QUICKSTART.get("torch_npu", "unknown")
-            rows.append(Row("torch_npu", npu_v, OK if same_version(npu_v, want) else INFO, f"quick-start: {want}"))
+        status = WARN if npu_v and want and _major_minor(torch_v) != _major_minor(want) else OK
+        rows = [Row("torch", torch_v, status, f"quick-start: {want}" if status != OK else "")]
+    if npu_v and torch_v and _major_minor(npu_v) != _major_minor(torch_v):
+        rows.append(Row("torch_npu", npu_v, FAIL, f"torch_npu {npu_v} does not match torch {torch_v}: install the pair from the "
+                        "torch / torch_npu / CANN compatibility matrix (https://gitcode.com/Ascend/pytorch)"))
+    elif npu_v:
+        want = QUICKSTART.get("torch_npu", "unknown")
+        rows.append(Row("torch_npu", npu_v, OK if same_version(npu_v, want) else INFO, f"quick-start: {want}"))
     elif shutil.which("npu-smi"):
         rows.append(Row("torch_npu", "not installed", FAIL, "npu-smi is here but torch_npu is not: pip install -r requirements-npu.txt"))
     else:
         rows.append(Row("torch_npu", "not installed", INFO, "no Ascend NPU software here; the series runs on CUDA or CPU"))
     if info.kind == "npu":
-        cann = v.get("cann") or "unknown"
-        want = QUICKSTART.get("cann", "unknown")
+        cann, want = v.get("cann") or "unknown", QUICKSTART.get("cann", "unknown")
         rows.append(Row("CANN", cann, OK if cann.startswith(want) else INFO, f"quick-start: {want}"))
     elif npu_v:
         rows.append(Row("CANN", "not loaded", WARN, CANN_FIX))
+    return rows
+
+
+def _devices_row(info: DeviceInfo) -> Row:
     if info.kind == "cpu":
-        rows.append(Row("devices", "CPU only", INFO, "multi-process checks use the CPU gloo stand-in; NPU/CUDA paths are not checked here"))
-    else:
-        status = OK if info.count >= 2 else WARN
-        note = "" if status == OK else "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)"
-        if info.kind == "npu" and not info.bf16:
-            status, note = WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'"
-        rows.append(Row("devices", info.label, status, note))
+        return Row("devices", "CPU only", INFO, "multi-process checks use the CPU gloo stand-in; NPU/CUDA paths are not checked here")
+    if info.kind == "npu" and not info.bf16:
+        return Row("devices", info.label, WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'")
+    if info.count >= 2:
+        return Row("devices", info.label, OK)
+    return Row("devices", info.label, WARN, "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)")
+
+
+def _package_rows() -> list[Row]:
+    rows = []
     wanted = series_requirements()
     for pkg in ("accelerate", "transformers", "papermill", "nbclient", "ipykernel"):
         ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
@@ -157,16 +166,6 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
             rows.append(Row(pkg, ver, OK))
     if not installed("ipywidgets"):
         rows.append(Row("ipywidgets", "not installed", WARN, "JupyterLab shows a TqdmWarning box without it: pip install ipywidgets"))
-    cfg = accelerate_config_path()
-    if cfg and os.path.exists(cfg):
-        rows.append(
-            Row(
-                "accelerate config",
-                cfg,
-                INFO,
-                "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)",
-            )
-        )
     return rows
 
 

@@ -125,11 +125,66 @@ def _on_signal(signum, _frame) -> None:
     _requested.append(f"signal {signal.Signals(signum).name}")
 
 
+def _read_request() -> tuple[str, bool] | None:
+    """What the starter asked on stdin within POLL_S: (reason, kill at once), or None for nothing."""
+    try:
+        ready, _, _ = select.select([0], [], [], POLL_S)
+    except InterruptedError:
+        return None
+    if not ready:
+        return None
+    data = os.read(0, 64)
+    if not data:
+        return "the process that started this command is gone (kernel restarted, shut down or killed?)", False
+    if b"kill" in data:
+        return "kill requested", True
+    if b"stop" in data:
+        return "stop requested", False
+    return None
+
+
+def _watch(child: subprocess.Popen) -> tuple[str, bool]:
+    """Wait for the command to end or for a stop request; ("", False) when the command ended."""
+    next_reap = time.monotonic()
+    while child.poll() is None:
+        if _requested:
+            return _requested[0], False
+        request = _read_request()
+        if request is not None:
+            return request
+        if time.monotonic() >= next_reap:  # orphans that exited: collect them now and then
+            _reap()
+            next_reap = time.monotonic() + 0.5
+    return "", False
+
+
+def _start(argv: list[str]) -> subprocess.Popen:
+    child = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=1,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group: signals meant for us do not reach it half-way
+    )
+    _keep.add(child.pid)
+    # Drop our own copy of the output pipe: the starter sees end-of-file as soon as the
+    # command and its descendants are gone, without waiting for our bookkeeping.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    return child
+
+
+def _report(status: dict) -> int:
+    sys.stderr.write(json.dumps(status) + "\n")
+    sys.stderr.flush()
+    return 0
+
+
 def main(argv: list[str]) -> int:
     grace = 5.0
     if argv[:1] == ["--grace"]:
-        grace = float(argv[1])
-        argv = argv[2:]
+        grace, argv = float(argv[1]), argv[2:]
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
@@ -138,75 +193,25 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
     _become_subreaper()
-    status = {"returncode": None, "killed": [], "reason": ""}
     try:
-        child = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=1,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: signals meant for us do not reach it half-way
-        )
+        child = _start(argv)
     except OSError as exc:
-        status.update(returncode=127, reason=f"cannot start `{argv[0]}`: {exc}")
-        sys.stderr.write(json.dumps(status) + "\n")
-        return 0
-    _keep.add(child.pid)
-    # Drop our own copy of the output pipe: the starter sees end-of-file as soon as the
-    # command and its descendants are gone, without waiting for our bookkeeping.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    reason = ""
-    stdin_open = True
-    next_reap = time.monotonic()
-    while True:
-        if child.poll() is not None:
-            break
-        if _requested:
-            reason = _requested[0]
-            break
-        if stdin_open:
-            try:
-                ready, _, _ = select.select([0], [], [], POLL_S)
-            except InterruptedError:
-                continue
-            if ready:
-                data = os.read(0, 64)
-                if not data:
-                    reason = "the process that started this command is gone (kernel restarted, shut down or killed?)"
-                    stdin_open = False
-                    break
-                if b"kill" in data:
-                    grace, reason = 0.0, "kill requested"
-                    break
-                if b"stop" in data:
-                    reason = "stop requested"
-                    break
-        else:
-            time.sleep(POLL_S)
-        if time.monotonic() >= next_reap:  # orphans that exited: collect them now and then
-            _reap()
-            next_reap = time.monotonic() + 0.5
+        return _report({"returncode": 127, "killed": [], "reason": f"cannot start `{argv[0]}`: {exc}"})
+    reason, at_once = _watch(child)
+    killed: list[int] = []
     if reason:
-        status["killed"] = stop_all(grace)
+        killed = stop_all(0.0 if at_once else grace)
         try:
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-    else:
-        # The command ended: stop anything it left behind (it may hold the output pipe).
-        if descendants():
-            status["killed"] = stop_all(min(grace, 1.0))
-            reason = "stopped what the command left running after it exited"
+    elif descendants():  # the command ended: stop anything it left behind (it may hold the output pipe)
+        killed = stop_all(min(grace, 1.0))
+        reason = "stopped what the command left running after it exited"
     _reap()
     if child.returncode is None:
         child.wait()
-    status["returncode"] = child.returncode
-    status["reason"] = reason
-    sys.stderr.write(json.dumps(status) + "\n")
-    sys.stderr.flush()
-    return 0
+    return _report({"returncode": child.returncode, "killed": killed, "reason": reason})
 
 
 if __name__ == "__main__":

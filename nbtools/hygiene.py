@@ -21,6 +21,31 @@ _IMPORT = re.compile(r"^import nbtools\b", re.MULTILINE)
 _NAME = re.compile(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$")
 
 
+def _cell_problems(where: str, cell, claims: dict[str, list[str]]) -> list[str]:
+    """One cell's problems; the check ids it claims are added to ``claims``."""
+    problems = []
+    meta = cell.get("metadata", {})
+    if "papermill" in meta or "execution" in meta:
+        problems.append(f"{where}: carries run metadata (papermill/execution)")
+    ids = check_ids(meta.get("tags", []))
+    if cell.cell_type != "code":
+        return problems + ([f"{where}: check tag on a {cell.cell_type} cell"] if ids else [])
+    if cell.get("outputs"):
+        problems.append(f"{where}: has outputs; clear them before committing")
+    if cell.get("execution_count") is not None:
+        problems.append(f"{where}: has an execution count; clear it before committing")
+    m = _SHELL.search(cell.source)
+    if m:
+        problems.append(
+            f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run_command([...])"
+        )
+    for cid in ids:
+        claims.setdefault(cid, []).append(where)
+        if f'"{cid}"' not in cell.source and f"'{cid}'" not in cell.source:
+            problems.append(f"{where}: tagged check:{cid} but never calls passed/skipped with {cid!r}")
+    return problems
+
+
 def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     """Problems of one notebook, and the check ids it claims (id -> [where])."""
     problems: list[str] = []
@@ -45,31 +70,8 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         problems.append(f"{name}: notebook metadata holds papermill run data; save it clean")
     n_params = 0
     for i, cell in enumerate(nb.cells):
-        where = f"{name} cell {i}"
-        meta = cell.get("metadata", {})
-        tags = meta.get("tags", [])
-        if "papermill" in meta or "execution" in meta:
-            problems.append(f"{where}: carries run metadata (papermill/execution)")
-        if "parameters" in tags:
-            n_params += 1
-        ids = check_ids(tags)
-        if cell.cell_type != "code":
-            if ids:
-                problems.append(f"{where}: check tag on a {cell.cell_type} cell")
-            continue
-        if cell.get("outputs"):
-            problems.append(f"{where}: has outputs; clear them before committing")
-        if cell.get("execution_count") is not None:
-            problems.append(f"{where}: has an execution count; clear it before committing")
-        m = _SHELL.search(cell.source)
-        if m:
-            problems.append(
-                f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run_command([...])"
-            )
-        for cid in ids:
-            claims.setdefault(cid, []).append(where)
-            if f'"{cid}"' not in cell.source and f"'{cid}'" not in cell.source:
-                problems.append(f"{where}: tagged check:{cid} but never calls passed/skipped with {cid!r}")
+        n_params += "parameters" in cell.get("metadata", {}).get("tags", [])
+        problems += _cell_problems(f"{name} cell {i}", cell, claims)
     if n_params != 1:
         problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
     problems += [f"{name}: {p}" for p in exercise_problems(nb)]

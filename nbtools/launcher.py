@@ -189,6 +189,59 @@ def run_command(
         shutil.rmtree(private_tmp, ignore_errors=True)
 
 
+class _Output:
+    """The guardian's output, read by a thread as it comes: kept, and echoed to ``out`` if given."""
+
+    def __init__(self, proc: subprocess.Popen, out):
+        self.proc, self.out = proc, out
+        self.lines: list[str] = []
+        self.eof = False
+        self._q: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self._q.put(raw.decode("utf-8", errors="replace"))
+        self._q.put(None)
+
+    def _take(self, item: str | None, echo: bool = True) -> None:
+        if item is None:
+            self.eof = True
+            return
+        self.lines.append(item)
+        if echo and self.out is not None:
+            self.out.write(item)
+            self.out.flush()
+
+    def read(self) -> None:
+        """Take the next line, waiting up to 0.1 s (after end-of-file: just a short pause)."""
+        if self.eof:
+            time.sleep(0.02)
+            return
+        try:
+            self._take(self._q.get(timeout=0.1))
+        except queue.Empty:
+            pass
+
+    def drain(self, echo: bool = True) -> None:
+        while True:
+            try:
+                self._take(self._q.get_nowait(), echo)
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        self._reader.join(timeout=5)
+        if not self._reader.is_alive() and self.proc.stdout:  # else something still holds the pipe
+            self.proc.stdout.close()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
 def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command, written, why, also=None) -> Result:
     """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
     out = sys.stdout
@@ -197,47 +250,15 @@ def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command,
         out.flush()
     start = time.monotonic()
     proc = _guarded(argv, full_env, cwd, stdout=subprocess.PIPE)
-    lines: list[str] = []
-    q: queue.Queue = queue.Queue()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for raw in iter(proc.stdout.readline, b""):
-            q.put(raw.decode("utf-8", errors="replace"))
-        q.put(None)
-
-    reader = threading.Thread(target=pump, daemon=True)
-    reader.start()
+    output = _Output(proc, out if echo else None)
     deadline = None if timeout is None else start + timeout
     try:
-        eof = False
-        while not eof or proc.poll() is None:
+        while not output.eof or proc.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                _drain(q, lines, out if echo else None)
-                before = "".join(lines)  # what it printed before we stopped it
-                status = _halt(proc)
-                reader.join(timeout=2)
-                _drain(q, lines, None)
-                result = Result(command, list(argv), -9, "".join(lines), time.monotonic() - start)
-                result.killed = status.get("killed") or []
-                raise LaunchTimeout(_timeout_message(result, before, timeout, timeout_name), result)
-            if eof:
-                time.sleep(0.02)
-                continue
-            try:
-                item = q.get(timeout=0.1)
-            except queue.Empty:
-                continue
-            if item is None:
-                eof = True
-                continue
-            lines.append(item)
-            if echo:
-                out.write(item)
-                out.flush()
+                _stop_at_timeout(proc, output, command, argv, start, timeout, timeout_name)
+            output.read()
     except KeyboardInterrupt:
-        status = _halt(proc)
-        n = len(status.get("killed") or [])
+        n = len(_halt(proc).get("killed") or [])
         out.write(
             f"\n[nbtools] interrupted: stopped `{command[:80]}` and every process it started"
             f"{f' ({n} had to be killed)' if n else ''}; none is left running.\n"
@@ -247,24 +268,31 @@ def _stream(argv, full_env, *, cwd, timeout, timeout_name, check, echo, command,
     finally:
         if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
             _halt(proc)
-        reader.join(timeout=5)
-        if not reader.is_alive() and proc.stdout:  # else something still holds the pipe: leave it to the thread
-            proc.stdout.close()
-    _drain(q, lines, out if echo else None)
+        output.close()
+    output.drain()
     status = _status(proc)
     if status.get("returncode") is None:
         raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {command}")
-    result = Result(command, list(argv), status["returncode"], "".join(lines), time.monotonic() - start)
-    result.killed = status.get("killed") or []
-    result.written = written
-    _, result.notes = benign_blocks(result.output, result.returncode)
-    if echo:
-        for note in result.notes:
-            out.write(note + "\n")
+    _, notes = benign_blocks(output.text, status["returncode"])
+    result = Result(command, list(argv), status["returncode"], output.text, time.monotonic() - start,
+                    killed=status.get("killed") or [], written=written, notes=notes)
+    if echo and notes:
+        out.write("".join(note + "\n" for note in notes))
         out.flush()
     if check:
         _raise_on_failure(result)
     return result
+
+
+def _stop_at_timeout(proc, output: _Output, command, argv, start, timeout, timeout_name) -> None:
+    """The launch ran past ``timeout``: stop its tree and raise LaunchTimeout with what it printed."""
+    output.drain()
+    before = output.text  # what it printed before we stopped it
+    status = _halt(proc)
+    output.close()
+    output.drain(echo=False)
+    result = Result(command, list(argv), -9, output.text, time.monotonic() - start, killed=status.get("killed") or [])
+    raise LaunchTimeout(_timeout_message(result, before, timeout, timeout_name), result)
 
 
 def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
@@ -403,20 +431,6 @@ def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
         except KeyboardInterrupt:
             how, wait = "kill", 3.0  # impatient: kill now, keep waiting only briefly
     return _status(proc)
-
-
-def _drain(q: queue.Queue, lines: list[str], out) -> None:
-    while True:
-        try:
-            item = q.get_nowait()
-        except queue.Empty:
-            return
-        if item is None:
-            continue
-        lines.append(item)
-        if out is not None:
-            out.write(item)
-            out.flush()
 
 
 def _tail(text: str, n: int = 25) -> str:

@@ -89,64 +89,67 @@ def _fill(record: dict, names: list[str], cell: str) -> None:
 
 def parse_npu_smi(text: str) -> dict:
     """Parse the output of ``npu-smi info``; raise ValueError when the text holds no NPU table header."""
-    version = None
-    npu_header: list[list[str]] | None = None  # per cell: the column names of the NPU row
-    chip_header: list[list[str]] | None = None  # per cell: the column names of the chip row
-    section = None  # None, "npu" or "proc"
-    npus: list[dict] = []
-    processes: list[dict] = []
-    current: dict | None = None
-
+    table = _Table()
     for raw in text.splitlines():
         line = raw.strip()
-        if not line.startswith("|"):
-            continue  # separators (+----+, +====+) and anything around the table
-        cells = _cells(line)
-        joined = " ".join(cells)
-        if version is None and section is None and _VERSION.search(joined):
-            version = _VERSION.search(joined).group(1)
-            continue
-        lowered = [c.lower() for c in cells]
-        if "health" in lowered:
-            npu_header = [c.split() for c in cells]
-            section = "npu"
-            continue
-        if section == "npu" and chip_header is None and "bus-id" in lowered:
-            chip_header = [c.split() for c in cells]
-            continue
-        if "process id" in lowered:
-            section = "proc"
-            proc_header = cells
-            continue
-        if section == "npu":
-            if len(cells) >= 2 and _BUS_ID.match(cells[1]) and current is not None:
-                chip = {}
-                for names, cell in zip(chip_header or [], cells):
-                    _fill(chip, names, cell)
-                if "chip" in current:  # a second chip of the same NPU: a new entry with the NPU's fields
-                    current = {k: v for k, v in current.items() if k in _npu_keys(npu_header)}
-                    npus.append(current)
-                current.update(chip)
-            elif len(cells) >= 2 and cells[0]:
-                current = {}
-                for names, cell in zip(npu_header, cells):
-                    _fill(current, names, cell)
-                npus.append(current)
-        elif section == "proc":
-            if len(cells) < 2 or cells[0].lower().startswith("no running processes"):
-                continue
-            proc: dict = {}
-            first = _tokens(cells[0])
-            proc["npu"] = _value(first[0]) if first else None
-            proc["chip"] = _value(first[1]) if len(first) > 1 else None
-            for head, cell in zip(proc_header[1:], cells[1:]):
-                key = _PROC_KEYS.get(head.lower(), _key(head))
-                proc[key] = cell.strip() if key == "name" else _value(cell)
-            processes.append(proc)
-
-    if npu_header is None:
+        if line.startswith("|"):  # not separators (+----+, +====+) or anything around the table
+            table.row(_cells(line))
+    if table.npu_header is None:
         raise ValueError("no `npu-smi info` table found: expected a header row with 'NPU', 'Name' and 'Health'")
-    return {"version": version, "npus": npus, "processes": processes}
+    return {"version": table.version, "npus": table.npus, "processes": table.processes}
+
+
+class _Table:
+    """`npu-smi info`'s table, read row by row: the version line, the NPU section, the process section."""
+
+    def __init__(self):
+        self.version: str | None = None
+        self.npu_header: list[list[str]] | None = None  # per cell: the column names of the NPU row
+        self.chip_header: list[list[str]] | None = None  # per cell: the column names of the chip row
+        self.proc_header: list[str] = []
+        self.section: str | None = None  # None, "npu" or "proc"
+        self.npus: list[dict] = []
+        self.processes: list[dict] = []
+        self.current: dict | None = None
+
+    def row(self, cells: list[str]) -> None:
+        joined = " ".join(cells)
+        lowered = [c.lower() for c in cells]
+        if self.version is None and self.section is None and _VERSION.search(joined):
+            self.version = _VERSION.search(joined).group(1)
+        elif "health" in lowered:
+            self.npu_header, self.section = [c.split() for c in cells], "npu"
+        elif self.section == "npu" and self.chip_header is None and "bus-id" in lowered:
+            self.chip_header = [c.split() for c in cells]
+        elif "process id" in lowered:
+            self.proc_header, self.section = cells, "proc"
+        elif self.section == "npu":
+            self._npu_row(cells)
+        elif self.section == "proc" and len(cells) >= 2 and not cells[0].lower().startswith("no running processes"):
+            self.processes.append(self._process(cells))
+
+    def _npu_row(self, cells: list[str]) -> None:
+        if len(cells) >= 2 and _BUS_ID.match(cells[1]) and self.current is not None:
+            chip: dict = {}
+            for names, cell in zip(self.chip_header or [], cells):
+                _fill(chip, names, cell)
+            if "chip" in self.current:  # a second chip of the same NPU: a new entry with the NPU's fields
+                self.current = {k: v for k, v in self.current.items() if k in _npu_keys(self.npu_header)}
+                self.npus.append(self.current)
+            self.current.update(chip)
+        elif len(cells) >= 2 and cells[0]:
+            self.current = {}
+            for names, cell in zip(self.npu_header, cells):
+                _fill(self.current, names, cell)
+            self.npus.append(self.current)
+
+    def _process(self, cells: list[str]) -> dict:
+        first = _tokens(cells[0])
+        proc: dict = {"npu": _value(first[0]) if first else None, "chip": _value(first[1]) if len(first) > 1 else None}
+        for head, cell in zip(self.proc_header[1:], cells[1:]):
+            key = _PROC_KEYS.get(head.lower(), _key(head))
+            proc[key] = cell.strip() if key == "name" else _value(cell)
+        return proc
 
 
 def _npu_keys(npu_header) -> set[str]:
