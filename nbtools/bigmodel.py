@@ -3,9 +3,8 @@
 - ``program_config``: the ``LlamaConfig(...)`` keywords of a ``python -c`` program, so a check can
   derive what to expect from the config the program really used.
 - ``llama_param_count``: parameters of ``LlamaForCausalLM`` from its config alone.
-- ``split_targets`` / ``quickstart_device_map``: the quick-start's "first half / second half" map on the
-  devices of this machine (two accelerators; one accelerator + CPU RAM; CPU RAM + disk).
-- ``adapt_dispatch``: the quick-start's dispatch program with that map (what really runs here, and why).
+- ``quickstart_device_map``: the quick-start's "first half / second half" map on two places
+  (``commands.split_targets`` says which two on this machine; ``%cmd`` adapts the dispatch program with it).
 - ``weights_shown_on``: where Accelerate leaves a module's weights for a device_map entry.
 
 Importing this module never imports torch.
@@ -18,11 +17,9 @@ import re
 import shlex
 from collections.abc import Mapping
 
+# Re-exported: notebooks 03 and 03b import it from here, beside the map it feeds.
+from .commands import split_targets as split_targets
 from .errors import NbtoolsError
-
-# The quick-start's devices in its dispatch program, and the half each one holds.
-QUICKSTART_FIRST, QUICKSTART_SECOND = "npu:0", "npu:1"
-OFFLOAD_FOLDER = "offload"  # relative to the work folder, where the program runs
 
 
 def _program(text: str) -> str:
@@ -72,22 +69,6 @@ def llama_param_count(
     return V * H + L * (attention + mlp + 2 * H) + H + (0 if tie_word_embeddings else V * H)
 
 
-def split_targets(kind: str, count: int) -> tuple[str, str, str]:
-    """(first half, second half, why) of the quick-start's split for ``count`` devices of ``kind``."""
-    if kind in ("npu", "cuda") and count >= 2:
-        why = "" if kind == "npu" else "CUDA here: npu:N -> cuda:N"
-        return f"{kind}:0", f"{kind}:1", why
-    if kind in ("npu", "cuda") and count == 1:
-        return f"{kind}:0", "cpu", (
-            f"one {kind.upper()} device visible: npu:1 -> cpu (the second half is offloaded to CPU RAM and "
-            f"moved onto {kind}:0 layer by layer during forward)"
-        )
-    return "cpu", "disk", (
-        "no NPU here: npu:0 -> cpu (first half in CPU RAM), npu:1 -> disk (second half offloaded to "
-        f"'{OFFLOAD_FOLDER}/' in the work folder, read back during forward), so the split still has two places"
-    )
-
-
 def quickstart_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:
     """The quick-start's map: embeddings + first half of the layers -> first; the rest -> second."""
     half = num_layers // 2
@@ -96,40 +77,6 @@ def quickstart_device_map(first: str, second: str, num_layers: int = 20) -> dict
     device_map.update({f"model.layers.{i}": second for i in range(half, num_layers)})
     device_map.update({"model.norm": second, "lm_head": second})
     return device_map
-
-
-def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
-    """The quick-start's dispatch program for this machine: (program, why); why is "" when unchanged."""
-    first, second, why = split_targets(kind, count)
-    if not why:
-        return program, ""
-    quoted = re.findall(r"""(['"])(npu:[01])\1""", program)
-    if {d for _, d in quoted} != {QUICKSTART_FIRST, QUICKSTART_SECOND}:
-        raise NbtoolsError("the program does not name both 'npu:0' and 'npu:1' as quoted device strings")
-    real = re.sub(r"""(['"])npu:0\1""", lambda m: f"{m[1]}{first}{m[1]}", program)
-    real = re.sub(r"""(['"])npu:1\1""", lambda m: f"{m[1]}{second}{m[1]}", real)
-    if second == "disk":
-        real, n = re.subn(r"device_map=device_map,", f"device_map=device_map, offload_folder='{OFFLOAD_FOLDER}',", real)
-        if n != 1:
-            raise NbtoolsError("cannot add offload_folder: expected one `device_map=device_map,` argument")
-    return real, why
-
-
-def is_quickstart_dispatch(program: str) -> bool:
-    """Is this the quick-start's dispatch program (a load_checkpoint_and_dispatch over 'npu:0' and 'npu:1')?"""
-    devices = {d for _, d in re.findall(r"""(['"])(npu:[01])\1""", program)}
-    return "load_checkpoint_and_dispatch(" in program and devices == {QUICKSTART_FIRST, QUICKSTART_SECOND}
-
-
-def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], str] | None:
-    """For ``%cmd``: ``python -c <the quick-start's dispatch program>`` on this machine -> (argv, why).
-
-    None when ``argv`` is not that program or when it runs unchanged here (two NPUs).
-    """
-    if len(argv) != 3 or argv[1] != "-c" or not is_quickstart_dispatch(argv[2]):
-        return None
-    program, why = adapt_dispatch(argv[2], kind, count)
-    return ([argv[0], "-c", program], why) if why else None
 
 
 def weights_shown_on(target: str, device_map: Mapping[str, object]) -> str:

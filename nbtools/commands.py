@@ -8,6 +8,7 @@ why in one line. Only these rules exist: there is no general rewriter.
 - ``parse``: options (``--timeout S``, ``--allow-fail``, ``--online``), ``NAME=VALUE`` prefixes, argv;
   a command may span lines (quotes over newlines, backslash-newline continuations).
 - ``resolve``: the real argv/env of a command (``%cmd``).
+- ``dispatch_rule``: the quick-start's dispatch program (``python -c``) with its two devices on this machine.
 - ``launch_call``: the real ``accelerate launch`` of a written one (``%launch``), via the launch plan.
 """
 
@@ -21,7 +22,6 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .bigmodel import dispatch_rule
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .errors import NbtoolsError, ParameterError
 
@@ -193,6 +193,61 @@ def _visible_rule(env: dict[str, str], info: DeviceInfo, real: Real) -> None:
         real.why.append(f"CUDA here: {CUDA_VAR} selects the devices that {ASCEND_VAR} selects on an NPU")
     else:
         real.why.append(f"no NPU here: {ASCEND_VAR} has nothing to select on a CPU, so it is dropped")
+
+
+# The quick-start's devices in its dispatch program, and the half each one holds.
+QUICKSTART_FIRST, QUICKSTART_SECOND = "npu:0", "npu:1"
+OFFLOAD_FOLDER = "offload"  # relative to the work folder, where the program runs
+
+
+def split_targets(kind: str, count: int) -> tuple[str, str, str]:
+    """(first half, second half, why) of the quick-start's split for ``count`` devices of ``kind``."""
+    if kind in ("npu", "cuda") and count >= 2:
+        why = "" if kind == "npu" else "CUDA here: npu:N -> cuda:N"
+        return f"{kind}:0", f"{kind}:1", why
+    if kind in ("npu", "cuda") and count == 1:
+        return f"{kind}:0", "cpu", (
+            f"one {kind.upper()} device visible: npu:1 -> cpu (the second half is offloaded to CPU RAM and "
+            f"moved onto {kind}:0 layer by layer during forward)"
+        )
+    return "cpu", "disk", (
+        "no NPU here: npu:0 -> cpu (first half in CPU RAM), npu:1 -> disk (second half offloaded to "
+        f"'{OFFLOAD_FOLDER}/' in the work folder, read back during forward), so the split still has two places"
+    )
+
+
+def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
+    """The quick-start's dispatch program for this machine: (program, why); why is "" when unchanged."""
+    first, second, why = split_targets(kind, count)
+    if not why:
+        return program, ""
+    quoted = re.findall(r"""(['"])(npu:[01])\1""", program)
+    if {d for _, d in quoted} != {QUICKSTART_FIRST, QUICKSTART_SECOND}:
+        raise NbtoolsError("the program does not name both 'npu:0' and 'npu:1' as quoted device strings")
+    real = re.sub(r"""(['"])npu:0\1""", lambda m: f"{m[1]}{first}{m[1]}", program)
+    real = re.sub(r"""(['"])npu:1\1""", lambda m: f"{m[1]}{second}{m[1]}", real)
+    if second == "disk":
+        real, n = re.subn(r"device_map=device_map,", f"device_map=device_map, offload_folder='{OFFLOAD_FOLDER}',", real)
+        if n != 1:
+            raise NbtoolsError("cannot add offload_folder: expected one `device_map=device_map,` argument")
+    return real, why
+
+
+def is_quickstart_dispatch(program: str) -> bool:
+    """Is this the quick-start's dispatch program (a load_checkpoint_and_dispatch over 'npu:0' and 'npu:1')?"""
+    devices = {d for _, d in re.findall(r"""(['"])(npu:[01])\1""", program)}
+    return "load_checkpoint_and_dispatch(" in program and devices == {QUICKSTART_FIRST, QUICKSTART_SECOND}
+
+
+def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], str] | None:
+    """For ``%cmd``: ``python -c <the quick-start's dispatch program>`` on this machine -> (argv, why).
+
+    None when ``argv`` is not that program or when it runs unchanged here (two NPUs).
+    """
+    if len(argv) != 3 or argv[1] != "-c" or not is_quickstart_dispatch(argv[2]):
+        return None
+    program, why = adapt_dispatch(argv[2], kind, count)
+    return ([argv[0], "-c", program], why) if why else None
 
 
 def resolve(written: Written, info: DeviceInfo, device: str = "auto") -> Real:

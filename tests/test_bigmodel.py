@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtools import bigmodel
+from nbtools import bigmodel, commands
 from nbtools.errors import NbtoolsError
 
 # The quick-start's dispatch program, as a notebook cell writes it (checkpoint: the work folder's copy).
@@ -89,7 +89,7 @@ def test_quickstart_device_map_halves_the_layers():
      ("npu", 1, "npu:0", "cpu"), ("cuda", 1, "cuda:0", "cpu"), ("cpu", 0, "cpu", "disk")],
 )
 def test_adapt_dispatch_builds_the_same_split_on_this_machine(kind, count, first, second):
-    real, why = bigmodel.adapt_dispatch(DISPATCH, kind, count)
+    real, why = commands.adapt_dispatch(DISPATCH, kind, count)
     assert _exec_map(real) == bigmodel.quickstart_device_map(first, second)
     assert (why == "") == (kind == "npu" and count >= 2)
     assert (real == DISPATCH) == (kind == "npu" and count >= 2)
@@ -99,7 +99,7 @@ def test_adapt_dispatch_builds_the_same_split_on_this_machine(kind, count, first
 
 def test_adapt_dispatch_refuses_a_program_without_the_two_devices():
     with pytest.raises(NbtoolsError):
-        bigmodel.adapt_dispatch(DISPATCH.replace("'npu:1'", "'npu:0'"), "cpu", 0)
+        commands.adapt_dispatch(DISPATCH.replace("'npu:1'", "'npu:0'"), "cpu", 0)
 
 
 def test_weights_shown_on_offloaded_targets_is_meta():
@@ -114,16 +114,16 @@ def test_dispatch_rule_applies_to_the_dispatch_program_only():
     import shlex
 
     argv = shlex.split(DISPATCH)
-    assert bigmodel.dispatch_rule(argv, "npu", 2) is None  # the quick-start's own machine: unchanged
-    real, why = bigmodel.dispatch_rule(argv, "cpu", 0)
+    assert commands.dispatch_rule(argv, "npu", 2) is None  # the quick-start's own machine: unchanged
+    real, why = commands.dispatch_rule(argv, "cpu", 0)
     assert real[:2] == argv[:2] and "'disk'" in real[2] and why.startswith("no NPU here")
-    assert bigmodel.dispatch_rule(["python", "-c", "print('npu:0', 'npu:1')"], "cpu", 0) is None
-    assert bigmodel.dispatch_rule(["python", "--version"], "cpu", 0) is None
+    assert commands.dispatch_rule(["python", "-c", "print('npu:0', 'npu:1')"], "cpu", 0) is None
+    assert commands.dispatch_rule(["python", "--version"], "cpu", 0) is None
 
 
 def test_program_device_map_runs_only_the_map_lines():
     assert bigmodel.program_device_map(DISPATCH) == bigmodel.quickstart_device_map("npu:0", "npu:1")
-    real, _ = bigmodel.adapt_dispatch(DISPATCH, "cpu", 0)
+    real, _ = commands.adapt_dispatch(DISPATCH, "cpu", 0)
     assert bigmodel.program_device_map(real) == bigmodel.quickstart_device_map("cpu", "disk")
     with pytest.raises(NbtoolsError):
         bigmodel.program_device_map("python -c \"print(1)\"")
