@@ -10,8 +10,12 @@ import json
 import re
 from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import quote
 from xml.etree import ElementTree as ET
 
+import jinja2
+
+from .commands import shown
 from .device import device_line
 from .model import RunReport, status_counts, strip_ansi
 
@@ -19,11 +23,16 @@ from .model import RunReport, status_counts, strip_ansi
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
+def counted(counts: dict) -> str:
+    """'11 passed, 1 skipped' of {"passed": 11, "skipped": 1}; '' when empty."""
+    return ", ".join(f"{n} {s}" for s, n in counts.items())
+
+
 def summary_line(report: RunReport, counts: dict | None = None) -> str:
     """'PASSED: 11 passed, 1 skipped checks; 7/7 notebooks passed in 312.4 s' (the CLI's last line)."""
     counts = counts or status_counts(report)
     verdict = report.verdict
-    checks = ", ".join(f"{n} {s}" for s, n in counts["checks"].items()) or "no"
+    checks = counted(counts["checks"]) or "no"
     passed = counts["notebooks"].get("passed", 0)
     return (
         f"{verdict}: {checks} checks; {passed}/{len(report.notebooks)} notebooks passed in {report.duration_s:.1f} s"
@@ -53,39 +62,44 @@ def xml_text(text) -> str:
     return _NOT_XML.sub("", strip_ansi(str(text)))
 
 
-def _esc(text: str) -> str:
+def _cell(text) -> str:
+    """Text for one markdown table cell: XML-safe, no pipe or newline to break the row."""
     return xml_text(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
+# templates/index.html.j2 (html_report.py) and templates/report.md.j2; only the HTML one is autoescaped.
+TEMPLATES = jinja2.Environment(
+    loader=jinja2.PackageLoader("nbtools", "templates"),
+    autoescape=jinja2.select_autoescape(["html.j2"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    finalize=lambda value: "" if value is None else value,  # a missing value shows as nothing, not 'None'
+)
+TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/": quote(str(text), safe=safe))
+
+
+def parameters_line(parameters: dict) -> str:
+    """The run's ``-p NAME=VALUE`` options, quoted as a shell takes them back (both reports show this)."""
+    return shown([word for name, value in parameters.items() for word in ("-p", f"{name}={value}")])
+
+
+def context(report: RunReport) -> dict:
+    """What both report templates read: the report, its device and the lines made from them."""
+    dev, counts = report.device, status_counts(report)
+    return {
+        "report": report,
+        "dev": dev,
+        "device": device_line(dev),
+        "versions": ", ".join(f"{k} {v}" for k, v in (dev.get("versions") or {}).items() if v),
+        "parameters": parameters_line(report.parameters),
+        "counts": counts,
+        "summary": summary_line(report, counts),
+    }
+
+
 def render_markdown(report: RunReport) -> str:
-    dev = report.device
-    lines = [
-        "# Notebook series run",
-        "",
-        f"- result: **{summary_line(report)}** (started {report.started})",
-        f"- device: {device_line(dev)}; backend {dev['backend']}",
-        "- versions: " + ", ".join(f"{k} {v}" for k, v in dev["versions"].items() if v),
-        f"- kernel: {report.kernel}",
-    ]
-    for p in dev.get("problems") or []:
-        lines.append(f"- problem: {p['what']} (fix: {p['fix']})")
-    if report.parameters:
-        lines.append("- parameters: " + " ".join(f"`-p {k}={v}`" for k, v in report.parameters.items()))
-    lines += [
-        "",
-        "## Notebooks",
-        "",
-        "| notebook | status | duration (s) | error | kernel log |",
-        "|---|---|---|---|---|",
-    ]
-    for n in report.notebooks:
-        klog = f"[{n.kernel_log}]({n.kernel_log})" if n.kernel_log else ""
-        lines.append(f"| {n.path} | {n.status} | {n.duration_s:.1f} | {_esc(n.error)} | {klog} |")
-    lines += ["", "## Checks", "", "| id | status | notebook | reason / detail |", "|---|---|---|---|"]
-    for c in report.checks:
-        cid = c.id if c.seed else f"{c.id} (extra)"
-        lines.append(f"| {cid} | {c.status} | {c.notebook} | {_esc(c.reason)} |")
-    return "\n".join(lines) + "\n"
+    return TEMPLATES.get_template("report.md.j2").render(context(report))
 
 
 def write_junit(report: RunReport, path: Path) -> None:

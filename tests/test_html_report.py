@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shutil
+import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -38,39 +40,52 @@ NPU = dict(
 
 
 class Rows(HTMLParser):
-    """Rows of the index's tables: each row's attributes and its cells' text."""
+    """What a test reads back from index.html, unescaped: each table row's attributes and its cells' text, the
+    links, and each dt, dd and p as (tag, attributes, text)."""
+
+    TEXT = {"td", "dt", "dd", "p"}
 
     def __init__(self):
         super().__init__()
         self.rows: list[tuple[dict, list[str]]] = []
         self.links: list[str] = []
-        self.tags: list[tuple[str, dict]] = []
-        self._cell: list[str] | None = None
+        self.texts: list[tuple[str, dict, str]] = []
+        self._open: tuple[str, dict, list[str]] | None = None
 
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
-        self.tags.append((tag, a))
         if tag == "tr":
             self.rows.append((a, []))
-        elif tag == "td":
-            self._cell = []
+        elif tag in self.TEXT:
+            self._open = (tag, a, [])
         elif tag == "a":
             self.links.append(a.get("href", ""))
 
     def handle_endtag(self, tag):
-        if tag == "td" and self._cell is not None:
-            self.rows[-1][1].append("".join(self._cell).strip())
-            self._cell = None
+        if self._open and tag == self._open[0]:
+            text = "".join(self._open[2]).strip()
+            if tag == "td":
+                self.rows[-1][1].append(text)
+            else:
+                self.texts.append((tag, self._open[1], text))
+            self._open = None
 
     def handle_data(self, data):
-        if self._cell is not None:
-            self._cell.append(data)
+        if self._open:
+            self._open[2].append(data)
 
     def checks(self) -> dict[str, tuple[dict, list[str]]]:
         return {a["data-check"]: (a, cells) for a, cells in self.rows if "data-check" in a}
 
     def notebooks(self) -> dict[str, tuple[dict, list[str]]]:
         return {a["data-notebook"]: (a, cells) for a, cells in self.rows if "data-notebook" in a}
+
+    def meta(self) -> list[tuple[str, str]]:
+        """(dt, dd) of the run's description list: ("device", "CPU only ..."), ("kernel", "python3"), ..."""
+        return list(zip(*([t for tag, _, t in self.texts if tag == name] for name in ("dt", "dd"))))
+
+    def notes(self) -> list[str]:
+        return [t for tag, a, t in self.texts if tag == "p" and a.get("class") == "note"]
 
 
 def parse(text: str) -> Rows:
@@ -239,9 +254,9 @@ def test_without_nbconvert_the_index_links_the_ipynb_and_says_why(tmp_path, monk
     paths = html_report.write_html(report, tmp_path)
     assert paths == [tmp_path / "index.html"]
     assert not (tmp_path / "00_environment.html").exists()
-    text = (tmp_path / "index.html").read_text(encoding="utf-8")
-    assert "notebook pages not rendered (ImportError: No module named &#x27;nbconvert&#x27;)" in text
-    links = parse(text).links
+    page = parse((tmp_path / "index.html").read_text(encoding="utf-8"))
+    assert page.notes() == ["notebook pages not rendered (ImportError: No module named 'nbconvert'); pip install nbconvert"]
+    links = page.links
     assert "00_environment.ipynb" in links and not any(".html" in link for link in links)
 
 
@@ -287,3 +302,42 @@ def test_kernel_log_is_linked(tmp_path):
     write_all(report, tmp_path)
     assert "00_environment.kernel.log" in parse((tmp_path / "index.html").read_text(encoding="utf-8")).links
     assert "[00_environment.kernel.log](00_environment.kernel.log)" in (tmp_path / "report.md").read_text(encoding="utf-8")
+
+
+def test_both_reports_show_the_parameters_as_one_shell_line(tmp_path):
+    """index.html and report.md quote the -p options alike, so that bash gives the values back as they were."""
+    if not shutil.which("bash"):
+        pytest.skip("no bash")
+    report = make_report(tmp_path)
+    report.parameters = {"num_processes": 2, "home": "~", "msg": "a b|c", "quote": "it's"}
+    write_all(report, tmp_path)
+    shown = dict(parse((tmp_path / "index.html").read_text(encoding="utf-8")).meta())["parameters"]
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert f"- parameters: `{shown}`\n" in md
+    words = subprocess.run(["bash", "-c", "printf '%s\\n' " + shown], capture_output=True, text=True).stdout
+    assert words.splitlines() == ["-p", "num_processes=2", "-p", "home=~", "-p", "msg=a b|c", "-p", "quote=it's"]
+
+
+def test_html_escapes_what_it_shows_and_markdown_does_not(tmp_path):
+    report = make_report(tmp_path)
+    report.checks[4].id = 'x"><script>alert(1)</script>'
+    report.notebooks[1].path = '01 <&> "q".ipynb'
+    report.checks[1].reason = "a | b\nc"
+    write_all(report, tmp_path)
+    text = (tmp_path / "index.html").read_text(encoding="utf-8")
+    assert "<script" not in text
+    page = parse(text)
+    assert report.checks[4].id in page.checks() and report.notebooks[1].path in page.notebooks()
+    assert page.checks()["acc-install-source"][1][3] == "a | b\nc"
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert f"| {report.checks[4].id} (extra) | passed |" in md and "| <b>not bold</b> & co |" in md
+    assert f"| {report.notebooks[1].path} | not-run |" in md
+    assert "| acc-install-source | skipped | 00_environment.ipynb | a \\| b c |" in md  # one row still
+
+
+def test_a_missing_value_shows_as_nothing(tmp_path):
+    report = make_report(tmp_path, dict(CPU, count=None, backend=None))
+    write_all(report, tmp_path)
+    assert 'data-count=""' in (tmp_path / "index.html").read_text(encoding="utf-8")
+    for name in ("index.html", "report.md"):
+        assert "None" not in (tmp_path / name).read_text(encoding="utf-8"), name
