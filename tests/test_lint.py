@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib.util
 import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -24,3 +28,120 @@ def test_ruff_is_clean():
         text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- The package's shape (issue: "the harness made small"): read from the source with ast, no import.
+
+PACKAGE = Path(ROOT) / "nbtools"
+MAX_FUNCTION_LINES = 60
+# The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
+PARTS = {
+    "core": (0, {"errors", "versions", "device", "params", "param_rules", "expected", "checks", "simulate",
+                 "proctree", "npusmi"}),
+    "launch": (1, {"commands", "launcher", "guard", "ps", "machines", "session", "magics"}),
+    "run": (2, {"model", "runner", "kernels", "kernelspec", "report", "html_report", "hygiene", "doctor",
+                "reset", "answers"}),
+    "lessons": (2, {"bigmodel", "memory", "eval_shards", "rank_pictures", "ranklines"}),
+    "entry": (3, {"__init__", "__main__", "cli"}),
+}
+# The only modules that send signals that stop processes: proctree, and the guardian, which imports
+# nothing of nbtools so that it starts in milliseconds.
+SIGNAL_SENDERS = {"proctree", "guard"}
+STOP_CALLS = {"killpg", "terminate", "kill", "send_signal"}
+
+
+def _modules() -> dict[str, ast.Module]:
+    return {p.stem: ast.parse(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.glob("*.py"))}
+
+
+def _imported_modules(tree: ast.Module) -> set[str]:
+    """The nbtools modules a module imports, at the top or inside a function."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("nbtools")):
+            module = (node.module or "").removeprefix("nbtools").lstrip(".")
+            found |= {module.split(".")[0]} if module else {alias.name for alias in node.names}
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split(".")[1] for a in node.names if a.name.startswith("nbtools.")}
+    return found
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = [
+        f"{name}.py:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+        for name, tree in _modules().items()
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+    ]
+    assert not long, "split these functions:\n" + "\n".join(long)
+
+
+def test_every_module_belongs_to_one_part_and_imports_only_downward():
+    part_of = {m: (part, rank) for part, (rank, modules) in PARTS.items() for m in modules}
+    modules = _modules()
+    assert sorted(set(modules) - set(part_of)) == [], "a new module: add it to one part in PARTS"
+    upward = []
+    for name, tree in modules.items():
+        part, rank = part_of[name]
+        for dep in sorted(_imported_modules(tree) - {name}):
+            dep_part, dep_rank = part_of.get(dep, ("?", 99))
+            if dep_part != part and dep_rank >= rank:
+                upward.append(f"{name} ({part}) imports {dep} ({dep_part})")
+    assert not upward, "\n".join(upward)
+
+
+@functools.cache
+def _private_library_names() -> frozenset[str]:
+    """Private names (one leading underscore) that jupyter_client, nbclient and papermill define."""
+    names = set()
+    for package in ("jupyter_client", "nbclient", "papermill"):
+        spec = importlib.util.find_spec(package)
+        if spec is None or not spec.submodule_search_locations:
+            continue
+        for path in Path(spec.submodule_search_locations[0]).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                name = getattr(node, "name", None) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else None
+                if isinstance(node, ast.Attribute):
+                    name = node.attr
+                if name and name.startswith("_") and not name.startswith("__"):
+                    names.add(name)
+    return frozenset(names)
+
+
+def test_no_private_name_of_jupyter_client_nbclient_or_papermill_is_used_or_overridden():
+    modules = _modules()
+    ours = set()  # private names nbtools defines itself (its own `self._x`, `_helper`)
+    for tree in modules.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                ours.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                ours.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                ours.add(node.id)
+    theirs = _private_library_names() - ours
+    used = []
+    for name, tree in modules.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in theirs:
+                used.append(f"{name}.py:{node.lineno} .{node.attr}")
+            elif isinstance(node, ast.ClassDef):
+                used += [
+                    f"{name}.py:{item.lineno} {node.name}.{item.name} overrides a private method"
+                    for item in node.body
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name in _private_library_names()
+                ]
+            elif isinstance(node, ast.ImportFrom) and any(a.name.startswith("_") for a in node.names) and node.level == 0:
+                used.append(f"{name}.py:{node.lineno} from {node.module} import a private name")
+    assert not used, "use public API (papermill's km=, the kernel manager's public methods):\n" + "\n".join(used)
+
+
+def test_only_proctree_and_the_guardian_send_stop_signals():
+    senders = []
+    for name, tree in _modules().items():
+        if name in SIGNAL_SENDERS:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STOP_CALLS:
+                senders.append(f"{name}.py:{node.lineno} .{node.func.attr}()")
+    assert not senders, "stop processes through nbtools.proctree:\n" + "\n".join(senders)
