@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import queue
@@ -543,6 +544,74 @@ def _timeout_message(result: Result, before: str, timeout: float | None, timeout
     )
 
 
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One ``accelerate launch``, decided once (device plan, flags, env); ``argv``/``shown`` for a port.
+
+    ``shown(port)`` is the command line a learner can paste into a terminal in the launch's folder (the
+    bench's bare side runs exactly that); ``argv(port)`` is the same with this environment's ``accelerate``.
+    """
+
+    plan: LaunchPlan
+    script: str
+    script_args: tuple[str, ...] = ()
+    mixed_precision: str = "no"
+    env: tuple[tuple[str, str], ...] = ()  # the plan's variables, then the caller's
+    unset: tuple[str, ...] = ()  # ACCELERATE_* variables of this environment that must not reach it
+    flags: tuple[str, ...] = ()  # --config_file ..., then the caller's extra flags
+    port: int | None = None  # None: a free one per try
+    notes: tuple[str, ...] = ()  # what the cell says before the command (fallback, ignored variables)
+
+    def argv(self, port: int | None, shown: bool = False) -> list[str]:
+        ports = ["--main_process_port", str(port)] if port else []
+        head = ["accelerate" if shown else executable("accelerate"), "launch", *self.plan.flags]
+        return [*head, "--mixed_precision", self.mixed_precision, *self.flags, *ports, self.script, *self.script_args]
+
+    def shown(self, port: int | None) -> str:
+        return shell_line(self.argv(port, shown=True), dict(self.env))
+
+    def next_port(self) -> int | None:
+        return (self.port or free_port()) if self.plan.num_processes > 1 else None
+
+
+def launch_spec(
+    script: str | os.PathLike,
+    *script_args: str,
+    num_processes: int = 2,
+    mixed_precision: str = "no",
+    device: str = "auto",
+    timeout: float | None = 600,
+    port: int | None = None,
+    env: dict[str, str] | None = None,
+    extra_flags: tuple[str, ...] = (),
+    cwd: str | os.PathLike | None = None,
+    isolate_config: bool = True,
+    info: DeviceInfo | None = None,
+) -> LaunchSpec:
+    """Validate a launch's parameters and decide it: the device plan, the flags and the env.
+
+    The flags and env come from ``detect().plan(...)``: on NPU/CUDA the visible-devices
+    variable, on a CPU-only host ``ACCELERATE_USE_CPU=1 ... --multi_gpu`` (the only way to
+    get a real gloo group there).
+    """
+    info = validate(
+        device=device, num_processes=num_processes, mixed_precision=mixed_precision, timeout_s=timeout, info=info
+    )
+    plan = info.plan(num_processes, device)
+    notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
+    run_env = dict(plan.env, **(env or {}))
+    # The user's own setup must not change the launch: ACCELERATE_* variables exported in the
+    # kernel, and the default config `accelerate config` wrote (distributed_type: DEEPSPEED,
+    # mixed_precision: fp16, num_processes: 8, ...), which `accelerate launch` would read.
+    unset = foreign_accelerate_vars(run_env)
+    if unset:
+        notes.append(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
+    isolate = isolate_config and "--config_file" not in extra_flags
+    config_flags = launch_config(plan, cwd if cwd is not None else os.getcwd()) if isolate else []
+    return LaunchSpec(plan, str(script), tuple(map(str, script_args)), mixed_precision, tuple(run_env.items()), unset,
+                      (*config_flags, *extra_flags), port, tuple(notes))
+
+
 def accelerate_launch(
     script: str | os.PathLike,
     *script_args: str,
@@ -550,49 +619,22 @@ def accelerate_launch(
     mixed_precision: str = "no",
     device: str = "auto",
     timeout: float | None = 600,
-    timeout_name: str = "timeout_s",
     port: int | None = None,
     env: dict[str, str] | None = None,
     extra_flags: tuple[str, ...] = (),
     cwd: str | os.PathLike | None = None,
-    offline: bool = True,
-    check: bool = True,
-    echo: bool = True,
-    written: str | None = None,
-    why: str = "",
     isolate_config: bool = True,
     info: DeviceInfo | None = None,
-    background: bool = False,
+    **run,
 ) -> Result | Background:
-    """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``.
-
-    ``written``/``why``: see ``run_command``; the command a learner types, printed before the real one.
-
-    The flags and env come from ``detect().plan(...)``: on NPU/CUDA the visible-devices
-    variable, on a CPU-only host ``ACCELERATE_USE_CPU=1 ... --multi_gpu`` (the only way to
-    get a real gloo group there). If a rendezvous port is taken meanwhile, retries on another.
-    """
-    info = validate(
-        device=device, num_processes=num_processes, mixed_precision=mixed_precision, timeout_s=timeout, info=info
-    )
-    plan = info.plan(num_processes, device)
-    if plan.fallback and echo:
-        print(f"[nbtools] NOTE {plan.note}")
-    run_env = dict(plan.env, **(env or {}))
-    # The user's own setup must not change the launch: ACCELERATE_* variables exported in the
-    # kernel, and the default config `accelerate config` wrote (distributed_type: DEEPSPEED,
-    # mixed_precision: fp16, num_processes: 8, ...), which `accelerate launch` would read.
-    unset = foreign_accelerate_vars(run_env)
-    if unset and echo:
-        print(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
-    isolate = isolate_config and "--config_file" not in extra_flags
-    config_flags = launch_config(plan, cwd if cwd is not None else os.getcwd()) if isolate else []
-    return _launch_tries(
-        plan, script, script_args, mixed_precision, port, run_env, unset, [*config_flags, *extra_flags],
-        dict(cwd=cwd, timeout=timeout, timeout_name=timeout_name, echo=echo, offline=offline, written=written, why=why,
-             background=background),
-        check,
-    )
+    """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``: ``launch_spec`` decides it,
+    ``launch`` runs it; ``run`` are ``launch``'s options (``check``, ``echo``, ``offline``, ``timeout_name``,
+    ``written``, ``why``, ``background``)."""
+    spec = launch_spec(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision,
+                       device=device, timeout=timeout, port=port, env=env, extra_flags=extra_flags, cwd=cwd,
+                       isolate_config=isolate_config, info=info)
+    run.setdefault("timeout_name", "timeout_s")
+    return launch(spec, cwd=cwd, timeout=timeout, **run)
 
 
 def foreign_accelerate_vars(launch_env: dict[str, str]) -> tuple[str, ...]:
@@ -637,52 +679,58 @@ def neutral_config():
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def _launch_tries(plan, script, script_args, mixed_precision, port, run_env, unset, extra_flags, run_kw, check) -> Result:
-    """Run the launch; on a taken port retry on another; on a gloo teardown abort rerun, at most twice.
+def launch(spec: LaunchSpec, *, check: bool = True, echo: bool = True, **run_kw) -> Result | Background:
+    """Run the launch ``spec`` decided (``run_kw``: ``run_command``'s options); on a port taken meanwhile
+    retry on another; on a gloo teardown abort rerun, at most twice.
 
     torch's gloo aborts a rank at exit now and then, after all its work and even after
     ``end_training()`` (measured on a 2-core CPU with torch 2.14.1: about 1 launch in 8 of an
     evaluation script). Each rerun is said in the cell; a third abort fails the launch.
     """
-    echo = run_kw["echo"]
-    num_processes = plan.num_processes
-    base_argv = [executable("accelerate"), "launch", *plan.flags, "--mixed_precision", mixed_precision]
-    shown_base = ["accelerate", "launch", *plan.flags, "--mixed_precision", mixed_precision]
+    if echo and spec.notes:
+        print("\n".join(spec.notes))
     tries = 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
     abort_reruns = 0
     for attempt in range(tries):
-        port_flags: list[str] = []
-        chosen = None
-        if num_processes > 1:
-            chosen = port or free_port()
-            port_flags = ["--main_process_port", str(chosen)]
-        tail = [*extra_flags, *port_flags, str(script), *map(str, script_args)]
-        argv = [*base_argv, *tail]
-        shown = shell_line([*shown_base, *tail], run_env)
+        port = spec.next_port()
         try:
-            result = run_command(argv, env=run_env, shown=shown, unset=unset, check=False, **run_kw)
+            result = run_command(spec.argv(port), env=dict(spec.env), shown=spec.shown(port), unset=spec.unset,
+                                 check=False, echo=echo, **run_kw)
         except LaunchError as exc:
             if exc.result is not None:
-                exc.result.plan, exc.result.port = plan, chosen
+                exc.result = dataclasses.replace(exc.result, plan=spec.plan, port=port)
             raise
-        result.plan, result.port = plan, chosen
         if isinstance(result, Background):
+            result.plan, result.port = spec.plan, port
             return result
-        failed = result.returncode != 0 and attempt + 1 < tries
-        if failed and port is None and num_processes > 1 and _PORT_IN_USE.search(result.output):
-            if echo:
-                print(f"[nbtools] port {chosen} was taken meanwhile; retrying on another free port")
-            continue
-        if failed and abort_reruns < MAX_ABORT_RERUNS and _gloo_exit_abort(result.output, plan):
-            abort_reruns += 1
-            if echo:
-                print(
-                    "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
-                    f"exception': a known gloo teardown race in torch on CPU); {ABORT_RERUN_SAID} "
-                    f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
-                )
-            continue
-        break
+        result = dataclasses.replace(result, plan=spec.plan, port=port)
+        retry = _retry_reason(result, spec, abort_reruns) if attempt + 1 < tries else None
+        if retry is None:
+            break
+        abort_reruns += retry == "abort"
+        if echo:
+            print(_retry_line(retry, port, abort_reruns))
     if check:
         _raise_on_failure(result)
     return result
+
+
+def _retry_reason(result: Result, spec: LaunchSpec, abort_reruns: int) -> str | None:
+    """"port" (taken meanwhile), "abort" (a gloo teardown abort after the work) or None: keep this result."""
+    if result.returncode == 0:
+        return None
+    if spec.port is None and spec.plan.num_processes > 1 and _PORT_IN_USE.search(result.output):
+        return "port"
+    if abort_reruns < MAX_ABORT_RERUNS and _gloo_exit_abort(result.output, spec.plan):
+        return "abort"
+    return None
+
+
+def _retry_line(reason: str, port: int | None, abort_reruns: int) -> str:
+    if reason == "port":
+        return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
+    return (
+        "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
+        f"exception': a known gloo teardown race in torch on CPU); {ABORT_RERUN_SAID} "
+        f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
+    )

@@ -2,7 +2,7 @@
 
 ``%load_ext nbtools`` registers them. Each prints ``$ <command as written>``, then, where this machine
 needs another command for the same meaning, ``# runs here as: <real>`` and ``# why: <one line>``
-(rules in commands.py), streams the output (launcher.run_command / accelerate_launch underneath: timeout,
+(rules in commands.py), streams the output (launcher.run_command / launch_spec + launch underneath: timeout,
 whole process tree stopped, error markers) and returns an ``nbtools.Result``.
 
 Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
@@ -13,6 +13,7 @@ Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shlex
@@ -23,7 +24,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from . import commands, session
 from .device import detect
 from .errors import LaunchError, ParameterError
-from .launcher import Result, accelerate_launch, run_command
+from .launcher import Result, launch, launch_spec, run_command
 
 DEFAULT_TIMEOUT_S = 600
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
@@ -79,8 +80,7 @@ def expand_outside_program(text: str, namespace: dict) -> str:
 
 
 def _finish(result: Result, written: commands.Written) -> Result:
-    result.written = written.text
-    return result
+    return dataclasses.replace(result, written=written.text)
 
 
 def _failed(exc: LaunchError, written: commands.Written) -> Result:
@@ -122,23 +122,19 @@ def run_launch(text: str) -> Result:
     info, device, timeout, timeout_name = _context()
     s = session.current()
     call = commands.parse_launch(written, default_processes=s.num_processes if s else 1)
-    plan = info.plan(call.num_processes, device)
+    timeout = written.timeout or timeout
     try:
-        result = accelerate_launch(
-            call.script,
-            *call.script_args,
-            num_processes=call.num_processes,
-            mixed_precision=call.mixed_precision,
-            device=device,
-            timeout=written.timeout or timeout,
+        spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes,
+                           mixed_precision=call.mixed_precision, device=device, timeout=timeout, env=call.env or None,
+                           extra_flags=tuple(call.extra_flags), info=info)
+        result = launch(
+            spec,
+            timeout=timeout,
             timeout_name="--timeout" if written.timeout else timeout_name,
-            env=call.env or None,
-            extra_flags=tuple(call.extra_flags),
             check=not written.allow_fail,
             offline=not written.online,
             written=written.text,
-            why=commands.launch_why(call, plan, info),
-            info=info,  # the same device answers the why line was made from
+            why=commands.launch_why(call, spec.plan, info),
             background=written.background,
         )
     except LaunchError as exc:
