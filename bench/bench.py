@@ -130,7 +130,7 @@ def defaults(nb) -> dict:
     return {k: v for k, v in parameter_defaults(nb).items() if v is not NO_DEFAULT}
 
 
-def terminal_line(kind: str, text: str, info, device: str, num_processes: int) -> str | None:
+def terminal_line(kind: str, text: str, info, device: str, num_processes: int, cwd: Path) -> str | None:
     """The command line a cell prints for ``%cmd``/``%launch`` ``text`` (``$ ...``, or ``# runs here as:``
     when this machine needs another): what a learner pastes into a terminal. None: not on this machine."""
     written = commands.parse(text)
@@ -143,7 +143,7 @@ def terminal_line(kind: str, text: str, info, device: str, num_processes: int) -
     call = commands.parse_launch(written, default_processes=num_processes)
     spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes,
                        mixed_precision=call.mixed_precision, device=device, timeout=None, env=call.env or None,
-                       extra_flags=tuple(call.extra_flags), info=info)
+                       extra_flags=tuple(call.extra_flags), cwd=cwd, info=info)  # writes the --config_file it names
     return spec.shown(spec.next_port())
 
 
@@ -176,7 +176,7 @@ def run_bare(path: Path, log=print) -> dict:
         if kind == "write":
             (folder / magics.expand_fields(arg, namespace)).write_text(body + "\n")
             continue
-        line = terminal_line(kind, magics.expand_fields(f"{arg} {body}".strip(), namespace), info, device, num_processes)
+        line = terminal_line(kind, magics.expand_fields(f"{arg} {body}".strip(), namespace), info, device, num_processes, folder)
         if line is None:
             continue
         for attempt in range(3):
