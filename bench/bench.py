@@ -34,6 +34,7 @@ import json
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -161,10 +162,11 @@ def run_bare(path: Path, log=print) -> dict:
     gloo's teardown abort on a CPU, which the notebooks rerun too); both runs count."""
     nb = nbformat.read(path, as_version=4)
     params = defaults(nb)
-    params["work_dir"] = ""
     origin = Path.cwd()
+    work = tempfile.mkdtemp(prefix=f"nbtools-bench-{path.stem}-")
     with contextlib.redirect_stdout(io.StringIO()):  # untimed: the notebook's setup cell, for the names its commands use
-        session = nbtools.setup(**{k: params[k] for k in ("device", "num_processes", "timeout_s") if k in params}, echo=False)
+        session = nbtools.setup(**{k: params[k] for k in ("device", "num_processes", "timeout_s") if k in params},
+                                work_dir=work, echo=False)
     os.chdir(origin)
     device, num_processes, info = params.get("device", "auto"), session.num_processes, session.info
     namespace = dict(params, S=session)
@@ -191,6 +193,7 @@ def run_bare(path: Path, log=print) -> dict:
     with contextlib.redirect_stdout(io.StringIO()):
         session.close()
     os.chdir(origin)
+    shutil.rmtree(work, ignore_errors=True)
     log(f"  bare {path.name}: {total:.1f} s ({len(timings)} commands{f', {reruns} rerun(s)' if reruns else ''})")
     for f in failed:
         log(f"    FAILED bare: {f}")
