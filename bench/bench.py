@@ -342,7 +342,7 @@ import json, os, sys
 from accelerate import init_empty_weights, load_checkpoint_and_dispatch
 from transformers import LlamaConfig, LlamaForCausalLM
 from nbtools.bigmodel import quickstart_device_map
-from nbtools.memory import PeakRAM, release_freed_memory, tensor_bytes
+from nbtools.bigmodel import PeakRAM, release_freed_memory, tensor_bytes
 ckpt = sys.argv[1]
 config = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1024, num_hidden_layers=20,
                      num_attention_heads=8, max_position_embeddings=64)

@@ -2,21 +2,20 @@
 
 The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cmd`` /
 ``%launch`` magics (magics.py, rules in commands.py) after ``%load_ext nbtools``.
-Underneath: device detection (device.py), the launcher (launcher.py), expected-output
-matching (expected.py), versions (versions.py), check verdicts (checks.py), parameters and work dirs
-(params.py), the guardian every command runs under (guard.py), the notebook runner (runner.py, model.py,
-report.py, html_report.py), the hygiene check (hygiene.py) and the doctor (doctor.py). Importing this package never imports torch.
+
+Four parts, each importing only its own and those before it (README, "nbtools: the plumbing"):
+core (device, params, checks, proctree, errors), launch (session, magics, commands, launcher,
+guard, ps, machines), run (runner, kernels, report, teacher, doctor) and the
+lessons' helpers (bigmodel, ranks). Importing this package never imports torch.
 """
 
-from .checks import SEED_CHECKS, passed, skipped
+from .checks import SEED_CHECKS, assert_matches, match, parse_kv, passed, skipped
 from .commands import CommandNotHere
-from .device import DeviceInfo, LaunchPlan, detect
+from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
 from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
-from .expected import assert_matches, match, parse_kv
 from .launcher import Result, accelerate_launch, free_port, run_command
 from .params import cleanup, validate, work_dir
 from .session import Session, setup
-from .versions import editable, installed, public_version, same_version
 
 __version__ = "0.1.0"
 

@@ -13,9 +13,9 @@ from .errors import LaunchError, LaunchTimeout, NbtoolsError
 
 
 def _simulate(args) -> None:
-    """--simulate-npu: this process and every process it starts see the simulated NPU (simulate.py)."""
+    """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
+    from .device import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare
     from .errors import ParameterError
-    from .simulate import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare
 
     if not getattr(args, "simulate_npu", False):
         knobs = [f for f, v in (("--npu-cards", getattr(args, "npu_cards", None)), ("--npu-soc", getattr(args, "npu_soc", None)))
@@ -86,8 +86,8 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_answers(args) -> int:
-    from .answers import run_answers
     from .runner import detect_for_kernel, discover
+    from .teacher import run_answers
 
     notebooks = discover(args.notebooks)
     _simulate(args)
@@ -112,8 +112,8 @@ def _cmd_ps(args) -> int:
 
 
 def _cmd_check(args) -> int:
-    from .hygiene import check_series
     from .runner import default_notebooks_dir
+    from .teacher import check_series
 
     folder = Path(args.folder) if args.folder else default_notebooks_dir()
     problems = check_series(folder)
@@ -124,7 +124,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_reset(args) -> int:
-    from .reset import reset
+    from .teacher import reset
 
     reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, find_links=args.find_links)
     return 0
@@ -152,7 +152,7 @@ def _cmd_detect(args) -> int:
 
 
 def _simulation_options() -> argparse.ArgumentParser:
-    from .simulate import DEFAULT_CARDS, DEFAULT_SOC, SOCS
+    from .device import DEFAULT_CARDS, DEFAULT_SOC, SOCS
 
     sim = argparse.ArgumentParser(add_help=False)
     g = sim.add_argument_group("simulated NPU (proves code paths and wiring on a CPU, never the hardware)")

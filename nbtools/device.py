@@ -7,6 +7,24 @@ The probe runs in a child Python process, for three reasons:
   later ("Cannot re-initialize NPU in forked subprocess");
 - tests can substitute the probe's answers (``detect(probe=...)``) to exercise the
   NPU and CUDA branches on a CPU-only machine.
+
+Versions: what is installed (from metadata, no import), and PEP 440 comparison.
+
+One copy for the whole package: device detection, the doctor and the notebooks ask here.
+torch's ``__version__`` (``2.14.1+cu130``) and its distribution's version (``2.14.1``) name the
+same release; so do ``2.1.0a0+git1234`` and ``2.1.0a0``: comparisons use the public version.
+
+``--simulate-npu``: kernels and launches see the simulated Ascend NPU of this repository's ``simnpu/``.
+
+Nothing is installed and nothing else on the machine changes. The simulation's ``site/`` folder goes
+in front of ``PYTHONPATH`` (torch then autoloads its stand-in ``torch_npu`` as it autoloads the real
+one) and its ``bin/`` (the ``npu-smi`` stand-in) in front of ``PATH``; whatever the user's
+environment already holds there stays behind them. ``SIMNPU_CARDS`` and ``SIMNPU_SOC`` describe the
+simulated host; ``ASCEND_RT_VISIBLE_DEVICES``, when the user set it, selects among its cards as on a
+real host. nbtools never imports the stand-in: the probe and the kernels do, in their own processes.
+
+A simulated NPU proves code paths and wiring, never the hardware: every label says "NPU (simulated
+on CPU)", and what only a real card can answer is skipped with the reason ``needs a real NPU``.
 """
 
 from __future__ import annotations
@@ -17,11 +35,11 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import DeviceError
-from .versions import installed
+from .errors import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
@@ -287,9 +305,9 @@ def _visible_list(value: str | None, count: int) -> list[str]:
     return [str(i) for i in range(count)]
 
 
-def run_probe(python: str | None = None, timeout: float = 120) -> dict:
-    """Run the probe in a child interpreter and return its answers."""
-    env = dict(os.environ)
+def run_probe(python: str | None = None, timeout: float = 120, env: dict[str, str] | None = None) -> dict:
+    """Run the probe in a child interpreter (``env``: its whole environment; default this one's) and return its answers."""
+    env = dict(os.environ if env is None else env)
     try:
         proc = subprocess.run(
             [python or sys.executable, "-c", _PROBE],
@@ -444,3 +462,111 @@ def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
                 answers = None
         _CACHE[key] = from_probe(answers if answers is not None else cached_probe(refresh=refresh))
     return _CACHE[key]
+
+
+def public_version(version: str) -> str:
+    """The PEP 440 public version: local labels dropped (``2.14.1+cu130`` -> ``2.14.1``)."""
+    from packaging.version import InvalidVersion, Version  # a dependency of nbtools (pyproject.toml)
+
+    text = str(version).strip()
+    try:
+        return Version(text).public
+    except InvalidVersion:
+        return text.split("+", 1)[0]
+
+
+def same_version(a: str | None, b: str | None) -> bool:
+    """Do ``a`` and ``b`` name the same release? Compared by PEP 440 public version, so torch's
+    ``__version__`` ``2.14.1+cu130`` equals its distribution's ``2.14.1`` (and ``2.1.0a0+git1234``
+    equals ``2.1.0a0``); ``None`` (not installed) equals nothing."""
+    if not a or not b:
+        return False
+    return a.strip() == b.strip() or public_version(a) == public_version(b)
+
+
+DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (the import name is nbtools)
+
+
+def requires_python() -> str:
+    """This package's Requires-Python (pyproject.toml's ``requires-python``: the lowest Python CI runs),
+    from the installed metadata; "" when nbtools runs from a checkout that was never installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.metadata(DISTRIBUTION).get("Requires-Python") or ""
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def installed(distribution: str) -> str | None:
+    """The installed version of a distribution (from its metadata, no import), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def editable(distribution: str) -> bool:
+    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
+    import json
+    from importlib import metadata
+
+    try:
+        text = metadata.distribution(distribution).read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        return False
+    try:
+        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable", False))
+    except ValueError:
+        return False
+
+
+SIMNPU_ROOT = Path(__file__).resolve().parent.parent / "simnpu"
+# The cards a teacher can rehearse: the quick-start's 910B, and a 310P-like card without bf16.
+SOCS = ("Ascend910B4", "Ascend310P3")
+DEFAULT_SOC = SOCS[0]
+DEFAULT_CARDS = 2
+
+
+def _in_front(entry: Path, current: str | None) -> str:
+    return os.pathsep.join([str(entry), *([current] if current else [])])
+
+
+def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The variables to set (on top of ``environ``, default os.environ) so that every process started
+    from here sees ``cards`` simulated NPUs of type ``soc``."""
+    environ = os.environ if environ is None else environ
+    if not isinstance(cards, int) or isinstance(cards, bool) or not 1 <= cards <= 16:
+        raise ParameterError(f"--npu-cards {cards!r}: expected a number of cards from 1 to 16")
+    if soc not in SOCS:
+        raise ParameterError(f"--npu-soc {soc!r}: the simulation knows {', '.join(SOCS)}")
+    if not (SIMNPU_ROOT / "site" / "torch_npu").is_dir():
+        raise ParameterError(
+            f"--simulate-npu needs the simulated NPU of this repository ({SIMNPU_ROOT} is missing): "
+            "run from a checkout installed with `pip install -e .`"
+        )
+    return {
+        "PYTHONPATH": _in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH")),
+        "PATH": _in_front(SIMNPU_ROOT / "bin", environ.get("PATH")),
+        "SIMNPU_CARDS": str(cards),
+        "SIMNPU_SOC": soc,
+    }
+
+
+def prepare(env: Mapping[str, str], python: str | None = None, timeout: float = 300) -> None:
+    """Build the simulation's C++ device guard for this torch now (once; cached), so that no kernel or
+    rank waits for it. Raises ParameterError with the build's own words when it cannot be built."""
+    proc = subprocess.run(
+        [python or sys.executable, "-c", "import torch, torch_npu; torch.npu.device_count()"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
+        hint = ("\nfix: this torch sees a CUDA GPU, and torch_npu (the simulated one too) refuses to share a process "
+                "with another accelerator: run with CUDA_VISIBLE_DEVICES= in front") if "Two accelerators" in tail else ""
+        raise ParameterError(f"the simulated NPU does not load with this torch:\n{tail}{hint}")

@@ -15,8 +15,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .device import CANN_FIX, DeviceInfo, detect
-from .versions import installed, requires_python, same_version
+from .device import CANN_FIX, DeviceInfo, detect, installed, requires_python, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")

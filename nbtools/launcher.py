@@ -29,10 +29,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import parse_kv
 from .commands import executable
 from .device import CANN_FIX, DeviceInfo, LaunchPlan
 from .errors import LaunchError, LaunchTimeout
-from .expected import parse_kv
 from .params import validate
 from .proctree import GRACE, kill_now
 
@@ -612,29 +612,18 @@ def launch_spec(
                       (*config_flags, *extra_flags), port, tuple(notes))
 
 
-def accelerate_launch(
-    script: str | os.PathLike,
-    *script_args: str,
-    num_processes: int = 2,
-    mixed_precision: str = "no",
-    device: str = "auto",
-    timeout: float | None = 600,
-    port: int | None = None,
-    env: dict[str, str] | None = None,
-    extra_flags: tuple[str, ...] = (),
-    cwd: str | os.PathLike | None = None,
-    isolate_config: bool = True,
-    info: DeviceInfo | None = None,
-    **run,
-) -> Result | Background:
-    """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``: ``launch_spec`` decides it,
-    ``launch`` runs it; ``run`` are ``launch``'s options (``check``, ``echo``, ``offline``, ``timeout_name``,
-    ``written``, ``why``, ``background``)."""
-    spec = launch_spec(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision,
-                       device=device, timeout=timeout, port=port, env=env, extra_flags=extra_flags, cwd=cwd,
-                       isolate_config=isolate_config, info=info)
+_RUN_OPTIONS = ("check", "echo", "offline", "timeout_name", "written", "why", "background")
+
+
+def accelerate_launch(script: str | os.PathLike, *script_args: str, **options) -> Result | Background:
+    """``accelerate launch`` ``script`` on ``num_processes`` ranks of ``device``, in one call: ``launch_spec``
+    decides it (its keywords: ``num_processes=2``, ``mixed_precision``, ``device``, ``timeout=600``, ``port``,
+    ``env``, ``extra_flags``, ``cwd``, ``isolate_config``, ``info``) and ``launch`` runs it (``check``, ``echo``,
+    ``offline``, ``timeout_name="timeout_s"``, ``written``, ``why``, ``background``)."""
+    run = {name: options.pop(name) for name in _RUN_OPTIONS if name in options}
     run.setdefault("timeout_name", "timeout_s")
-    return launch(spec, cwd=cwd, timeout=timeout, **run)
+    spec = launch_spec(script, *script_args, **options)
+    return launch(spec, cwd=options.get("cwd"), timeout=options.get("timeout", 600), **run)
 
 
 def foreign_accelerate_vars(launch_env: dict[str, str]) -> tuple[str, ...]:

@@ -1,23 +1,38 @@
-"""Write a run's report: report.json, report.md, junit.xml and index.html (html_report.py) in the output dir.
+"""Write a run's report: report.json, report.md, junit.xml and index.html in the output dir.
 
 ``status_counts`` is the one place the counts are made: report.json's summary, junit.xml's
 totals, index.html's banner and the CLI's last line all read them from there.
+
+index.html for a run (templates/index.html.j2, autoescaped): the device, the notebooks and every
+check, linked to the executed notebooks rendered as HTML with nbconvert.
+
+Everything is self-contained, so the report opens from a CI artifact or a file:// URL on a
+machine without network: inline CSS, no script, nothing fetched. nbconvert's 'lab' template
+loads require.js, MathJax and mermaid from cdnjs (and the widget renderer from a CDN when
+a notebook has widget state); the template below keeps its inlined CSS and drops those
+blocks. LaTeX in markdown then shows as source, which these notebooks do not use.
+
+The data model of a run: what `python -m nbtools run` found, read by the reports.
+
+runner.py fills a RunReport; report.py writes it out. Keeping the model
+here keeps the house acyclic: the reports never import the runner.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
 from xml.etree import ElementTree as ET
 
 import jinja2
+import nbformat
 
+from .checks import check_ids
 from .commands import shown
 from .device import device_line
-from .model import RunReport, status_counts, strip_ansi
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -67,7 +82,7 @@ def _cell(text) -> str:
     return xml_text(text).replace("|", "\\|").replace("\r", " ").replace("\n", " ")
 
 
-# templates/index.html.j2 (html_report.py) and templates/report.md.j2; only the HTML one is autoescaped.
+# templates/index.html.j2 and templates/report.md.j2; only the HTML one is autoescaped.
 TEMPLATES = jinja2.Environment(
     loader=jinja2.PackageLoader("nbtools", "templates"),
     autoescape=jinja2.select_autoescape(["html.j2"]),
@@ -125,7 +140,7 @@ def write_junit(report: RunReport, path: Path) -> None:
 
 
 def write_all(report: RunReport, output_dir: Path) -> list[Path]:
-    from .html_report import write_html
+    from .report import write_html
 
     paths = [output_dir / "report.json", output_dir / "report.md", output_dir / "junit.xml"]
     write_json(report, paths[0])
@@ -133,3 +148,172 @@ def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     write_junit(report, paths[2])
     paths.append(write_html(report, output_dir)[0])  # index.html; the notebook pages sit beside it
     return paths
+
+
+INDEX = "index.html"
+
+# nbconvert's 'lab' template without its remote scripts (require.js, MathJax, mermaid, widgets).
+OFFLINE_TEMPLATE_NAME = "nbtools_offline.html.j2"
+OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js -%}{%- endblock html_head_js -%}
+{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
+
+def offline_exporter():
+    """An nbconvert HTMLExporter whose pages load nothing from the network."""
+    from jinja2 import DictLoader
+    from nbconvert import HTMLExporter
+
+    return HTMLExporter(
+        template_name="lab",
+        template_file=OFFLINE_TEMPLATE_NAME,
+        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})],
+    )
+
+
+def check_anchors(nb) -> dict[str, str]:
+    """check id -> the HTML anchor of its assertion cell in the nbconvert page (``cell-id=<id>``)."""
+    out = {}
+    for cell in nb.cells:
+        cell_id = cell.get("id")
+        for cid in check_ids(cell.get("metadata", {}).get("tags")):
+            if cell_id:
+                out.setdefault(cid, f"cell-id={cell_id}")
+    return out
+
+
+def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str], dict[str, dict], list[str]]:
+    """Write NN_x.html beside each executed notebook.
+
+    Returns (notebook path -> page file name, notebook path -> {check id: anchor}, notes on
+    what could not be rendered). A rendering problem never fails the run: the index then
+    links the .ipynb instead and says why.
+    """
+    pages: dict[str, str] = {}
+    anchors: dict[str, dict] = {}
+    notes: list[str] = []
+    executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
+    if not executed:
+        return pages, anchors, notes
+    try:
+        exporter = offline_exporter()
+    except Exception as exc:  # ImportError without nbconvert, or a template problem
+        notes.append(f"notebook pages not rendered ({type(exc).__name__}: {exc}); pip install nbconvert")
+        return pages, anchors, notes
+    for n, ipynb in executed:
+        page = ipynb.with_suffix(".html")
+        try:
+            nb = nbformat.read(ipynb, as_version=4)
+            anchors[n.path] = check_anchors(nb)
+            body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
+            page.write_text(body, encoding="utf-8")
+        except Exception as exc:
+            notes.append(f"{n.output}: not rendered as HTML ({type(exc).__name__}: {exc})")
+            continue
+        pages[n.path] = page.name
+    return pages, anchors, notes
+
+
+def render_index(
+    report: RunReport,
+    pages: dict[str, str] | None = None,
+    anchors: dict[str, dict] | None = None,
+    notes: list[str] | None = None,
+) -> str:
+    """The index page (templates/index.html.j2). ``pages``: notebook path -> rendered page; ``anchors``: check
+    cells in them; ``notes``: what could not be rendered."""
+    template = TEMPLATES.get_template("index.html.j2")
+    return template.render(context(report), pages=pages or {}, anchors=anchors or {}, notes=notes or [])
+
+
+def write_html(report: RunReport, output_dir: Path, *, notebook_pages: bool = True) -> list[Path]:
+    """Write index.html (and, with ``notebook_pages``, NN_x.html per executed notebook) into output_dir.
+
+    Returns [index.html, the notebook pages...].
+    """
+    output_dir = Path(output_dir)
+    pages, anchors, notes = render_notebooks(report, output_dir) if notebook_pages else ({}, {}, [])
+    index = output_dir / INDEX
+    index.write_text(render_index(report, pages, anchors, notes), encoding="utf-8")
+    return [index, *(output_dir / p for p in pages.values())]
+
+
+DEFAULT_KERNEL = "python3"
+
+
+@dataclass
+class NotebookResult:
+    path: str
+    status: str  # passed / failed / not-run
+    duration_s: float = 0.0
+    error: str = ""
+    output: str = ""  # executed notebook, relative to the output dir
+    kernel_log: str = ""  # the kernel process' own output, relative to the output dir
+    parameters: dict = field(default_factory=dict)  # what was injected, converted for this notebook
+
+
+@dataclass
+class CheckResult:
+    id: str
+    status: str  # passed / failed / skipped / missing
+    notebook: str = ""
+    reason: str = ""
+    seed: bool = False
+
+
+@dataclass
+class RunReport:
+    device: dict
+    notebooks: list[NotebookResult] = field(default_factory=list)
+    checks: list[CheckResult] = field(default_factory=list)
+    parameters: dict = field(default_factory=dict)
+    started: str = ""
+    duration_s: float = 0.0
+    kernel: str = DEFAULT_KERNEL
+    stopped_by: str = ""  # "SIGINT" / "SIGTERM" / "SIGHUP" when a signal stopped the run
+
+    @property
+    def verdict(self) -> str:
+        """PASSED / FAILED / STOPPED by SIGxxx: the word the CLI, report.md and index.html lead with."""
+        return f"STOPPED by {self.stopped_by}" if self.stopped_by else ("PASSED" if self.ok else "FAILED")
+
+    @property
+    def ok(self) -> bool:
+        return (
+            not self.stopped_by
+            and all(n.status == "passed" for n in self.notebooks)
+            and all(c.status in ("passed", "skipped") for c in self.checks)
+        )
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves, OSC titles)."""
+    return _ANSI.sub("", text)
+
+
+
+
+def status_counts(report: RunReport) -> dict:
+    """{"checks": {status: n}, "notebooks": {status: n}, "junit": {tests, failures, skipped}}: the one count."""
+    checks: dict[str, int] = {}
+    for c in report.checks:
+        checks[c.status] = checks.get(c.status, 0) + 1
+    notebooks: dict[str, int] = {}
+    for n in report.notebooks:
+        notebooks[n.status] = notebooks.get(n.status, 0) + 1
+    failures = sum(v for k, v in notebooks.items() if k != "passed") + checks.get("failed", 0) + checks.get("missing", 0)
+    return {
+        "checks": dict(sorted(checks.items())),
+        "notebooks": dict(sorted(notebooks.items())),
+        "junit": {
+            "tests": len(report.notebooks) + len(report.checks),
+            "failures": failures,
+            "skipped": checks.get("skipped", 0),
+        },
+    }

@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -27,8 +28,11 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from string import Template
 
 import nbformat
 
@@ -36,9 +40,9 @@ from .checks import SEED_CHECKS, VERDICT, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
-from .model import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
 from .params import convert_parameters, declared_parameters, parameter_defaults
-from .proctree import is_alive, terminate_then_kill
+from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill
+from .report import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
@@ -120,7 +124,9 @@ def _error_summary(exc: BaseException) -> str:
 
 
 def kernel_python(name: str) -> tuple[str, dict]:
-    """The interpreter and extra environment of Jupyter kernel ``name`` (its kernelspec's argv[0]).
+    """The interpreter and extra environment of Jupyter kernel ``name`` (its kernelspec's argv[0]
+    and ``env``, with ``${VAR}`` references filled from this environment, as jupyter_client does
+    when it starts the kernel).
 
     Raises ParameterError listing the installed kernels when there is no such kernel.
     """
@@ -141,40 +147,28 @@ def kernel_python(name: str) -> tuple[str, dict]:
         exe = sys.executable
     elif not os.path.isabs(exe):
         exe = shutil.which(exe) or exe
-    return exe, dict(spec.env or {})
-
-
-@contextmanager
-def _environ(extra: dict):
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update({k: str(v) for k, v in extra.items()})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return exe, {k: Template(v).safe_substitute(os.environ) for k, v in (spec.env or {}).items()}
 
 
 def detect_for_kernel(name: str = DEFAULT_KERNEL) -> DeviceInfo:
-    """What the notebooks will see: the device probed with kernel ``name``'s own interpreter."""
+    """What the notebooks will see: the device probed with kernel ``name``'s own interpreter and
+    environment (this one, with the kernel spec's ``env`` over it, as Jupyter starts the kernel)."""
     exe, env = kernel_python(name)
     if os.path.abspath(exe) == os.path.abspath(sys.executable) and not env:
         return detect()
-    with _environ(env):
-        return from_probe(run_probe(python=exe))
+    kernel_env = {**os.environ, **env}
+    return from_probe(run_probe(python=exe, env=kernel_env), environ=kernel_env)
 
 
 class _Stopper:
-    """Ctrl-C, SIGTERM and SIGHUP while notebooks run.
+    """Ctrl-C, SIGTERM and SIGHUP while notebooks run; a context manager around the whole run.
 
     The first signal interrupts the running kernel (SIGINT to its process group, as JupyterLab's
     stop button does: the cell's launch stops its processes and the cell fails), lets no further
     cell start, and gives it STOP_GRACE_S; then the kernel's process group is killed. A second
     signal kills at once. At the end, whatever the kernel had started and is still alive gets
-    SIGTERM, then SIGKILL. The run then reports what it did and the CLI exits 128 + signal.
+    SIGTERM, then SIGKILL (proctree.GRACE apart). The run then reports what it did and the CLI
+    exits 128 + signal. Every signal goes through nbtools.proctree.
     """
 
     def __init__(self, log=print, grace: float = STOP_GRACE_S):
@@ -190,6 +184,15 @@ class _Stopper:
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
+
+    def __enter__(self) -> _Stopper:
+        self.install()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        left = self.finish()
+        if left:
+            self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -236,44 +239,31 @@ class _Stopper:
 
     def _remember(self) -> None:
         """Note the kernel and its descendants now: once the kernel is gone they cannot be found from it."""
-        import psutil
-
         pid = self.state.pid if self.state is not None else None
-        if pid is None:
-            return
-        with self._lock:
-            try:
-                root = psutil.Process(pid)
-                self.known.setdefault(pid, root)
-                for child in root.children(recursive=True):
-                    self.known.setdefault(child.pid, child)
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                pass
+        if pid is not None:
+            with self._lock:
+                remember(pid, self.known)
 
     def _signal_kernel(self, sig: int) -> None:
         pid = self.state.pid if self.state is not None else None
-        if pid is None:
-            return
-        try:
-            os.killpg(os.getpgid(pid), sig)  # the kernel runs in its own session
-        except (ProcessLookupError, PermissionError, OSError):
-            try:
-                os.kill(pid, sig)
-            except OSError:
-                pass
+        if pid is not None:
+            signal_group(pid, sig)  # the kernel runs in its own session
 
     def _kill_kernel(self) -> None:
         self._remember()
         self._signal_kernel(signal.SIGKILL)
 
-    def begin(self, state: KernelState) -> None:
+    @contextmanager
+    def watching(self, state: KernelState):
+        """While the block runs, a stop signal is for ``state``'s kernel."""
         self.state = state
         if self.signum is not None:
             state.stopping = True
-
-    def end(self) -> None:
-        self._remember()
-        self.state = None
+        try:
+            yield state
+        finally:
+            self._remember()
+            self.state = None
 
     def finish(self) -> list[int]:
         """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive. Returns those pids."""
@@ -282,8 +272,148 @@ class _Stopper:
         if self.signum is None:
             return []
         alive = [p for p in self.known.values() if is_alive(p)]
-        terminate_then_kill(alive, grace=6.0, kill_wait=2.0)
+        terminate_then_kill(alive, grace=GRACE)
         return [p.pid for p in alive]
+
+
+# --- the run ---------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    """What is read and checked before any kernel starts."""
+
+    notebooks: list[Path]
+    parameters: dict  # as given (text from -p)
+    sources: dict  # path -> the notebook as read
+    declared: dict  # path -> its declared parameter names
+    converted: dict  # path -> the parameters it gets, converted by its own defaults
+
+    @classmethod
+    def read(cls, notebooks: list[Path], parameters: dict) -> _Plan:
+        """Raises ParameterError for a parameter no notebook declares or a value that does not convert."""
+        sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
+        declared = {p: declared_parameters(nb) for p, nb in sources.items()}
+        unknown = [k for k in parameters if not any(k in d for d in declared.values())]
+        if unknown:
+            names = sorted({k for d in declared.values() for k in d})
+            raise ParameterError(
+                f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}"
+            )
+        converted = {p: convert_parameters(parameters, parameter_defaults(nb), p.name) for p, nb in sources.items()}
+        return cls(notebooks, parameters, sources, declared, converted)
+
+    def params_for(self, path: Path, run_root: Path) -> dict:
+        """``path``'s parameters, with a private ``work_dir`` under ``run_root`` when it declares one."""
+        nb_params = dict(self.converted[path])
+        if "work_dir" in self.declared[path] and "work_dir" not in self.parameters:
+            nb_params["work_dir"] = str(run_root / path.stem)
+        return nb_params
+
+
+@contextmanager
+def _work_root(keep: bool, log):
+    """The run's private temp folder: the notebooks' work dirs, the kernels' TMPDIR (``tmp/``) and
+    IPC sockets; removed at the end unless ``keep``."""
+    root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
+    try:
+        (root / "tmp").mkdir()
+        yield root
+    finally:
+        if keep:
+            log(f"work dirs kept under {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class _Run:
+    """One `run_notebooks` call: runs its notebooks one by one into ``report``."""
+
+    plan: _Plan
+    report: RunReport
+    info: DeviceInfo
+    output_dir: Path
+    run_root: Path
+    kernels: KernelsAhead
+    stopper: _Stopper
+    timeout: float | None
+    log: Callable
+    stop_reason: str = ""
+
+    def notebook(self, i: int, path: Path) -> None:
+        """Run notebook ``i`` (1-based) and add its result and its checks to the report."""
+        where = f"[{i}/{len(self.plan.notebooks)}] {path.name}"
+        if self.stopper.signum and not self.stop_reason:
+            self.stop_reason = f"not run: the run was stopped by {self.stopper.name}"
+        if self.stop_reason:
+            self.not_run(path)
+            self.log(f"{where}: not run ({self.stop_reason})")
+            return
+        nb_params = self.plan.params_for(path, self.run_root)
+        out_path = self.output_dir / path.name
+        self.log(f"{where}: running ...")
+        start = time.monotonic()
+        nxt = self.plan.notebooks[i] if i < len(self.plan.notebooks) else None
+        error = self.execute(path, nb_params, nxt)
+        duration = time.monotonic() - start
+        executed = nbformat.read(out_path, as_version=4) if out_path.exists() else self.plan.sources[path]
+        error = self.explain(error, executed)
+        status = "failed" if error else "passed"
+        self.report.notebooks.append(
+            NotebookResult(path.name, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
+                           self.kernels.log_for(path).name, nb_params)
+        )
+        self.report.checks.extend(judge_checks(executed, path.name))
+        self.log(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
+        if error and not self.stopper.signum and not self.info.healthy:
+            problem = next(p for p in self.info.problems if p.blocking)
+            self.stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
+
+    def not_run(self, path: Path) -> None:
+        rel = path.name
+        self.report.notebooks.append(NotebookResult(rel, "not-run", error=self.stop_reason))
+        self.report.checks.extend(
+            CheckResult(c.id, "failed", rel, self.stop_reason, c.seed) for c in judge_checks(self.plan.sources[path], rel)
+        )
+
+    def execute(self, path: Path, nb_params: dict, nxt: Path | None) -> str:
+        """Run ``path`` with papermill in its kernel (started ahead, shut down at the end); start
+        the kernel of the notebook ``nxt`` after it meanwhile. The error, or "" when none."""
+        import papermill as pm
+
+        try:
+            with self.kernels.running(path) as state, self.stopper.watching(state):
+                if nxt is not None and not self.stopper.signum:
+                    self.kernels.ahead(nxt)  # the next notebook's kernel boots while this one runs
+                pm.execute_notebook(
+                    str(path),
+                    str(self.output_dir / path.name),
+                    parameters=nb_params,
+                    kernel_name=self.kernels.kernel,
+                    cwd=str(path.parent),
+                    execution_timeout=self.timeout,
+                    progress_bar=False,
+                    km=state.km,  # passed on to nbclient, which leaves it running: `running` shuts it down
+                    on_cell_execute=state.on_cell_execute,
+                    on_cell_executed=state.on_cell_executed,
+                )
+        except Exception as exc:  # papermill raises PapermillExecutionError, timeouts, dead kernels
+            return _error_summary(exc)
+        except KeyboardInterrupt:  # a signal before our handlers, or a cell refused after a stop
+            return "KeyboardInterrupt"
+        return ""
+
+    def explain(self, error: str, executed) -> str:
+        """The notebook's error as the report says it: what a stop signal did, cells that never ran."""
+        if self.stopper.signum:
+            where = re.sub(r"^(KeyboardInterrupt|RunStopped): ?", "", error).strip()
+            return f"stopped by {self.stopper.name}: the kernel and its launches were stopped" + (f"; {where}" if where else "")
+        if not error:
+            pending = unexecuted_cells(executed)
+            if pending:
+                return f"{len(pending)} cell(s) never ran (first: cell {pending[0]}); did a cell call sys.exit()?"
+        return error
 
 
 def run_notebooks(
@@ -302,109 +432,26 @@ def run_notebooks(
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
     of that notebook's default. Every conversion is checked before the first kernel starts.
     """
-    import papermill as pm
-
-    parameters = dict(parameters or {})
-    sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
-    declared = {p: declared_parameters(nb) for p, nb in sources.items()}
-    unknown = [k for k in parameters if not any(k in d for d in declared.values())]
-    if unknown:
-        names = sorted({k for d in declared.values() for k in d})
-        raise ParameterError(f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}")
-    converted = {p: convert_parameters(parameters, parameter_defaults(nb), p.name) for p, nb in sources.items()}
+    plan = _Plan.read(notebooks, dict(parameters or {}))
     info = info or detect_for_kernel(kernel)
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
-        device=info.to_dict(),
-        parameters=parameters,
-        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        kernel=kernel,
+        device=info.to_dict(), parameters=plan.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel
     )
-    run_root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
-    (run_root / "tmp").mkdir()
-    # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
-    kernel_env = _environ({CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")})
-    kernel_env.__enter__()
-    kernels = KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root))
-    stopper = _Stopper(log)
-    stopper.install()
     t0 = time.monotonic()
-    stop_reason = ""
-    try:
+    with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs
+        run_root = stack.enter_context(_work_root(keep_work, log))
+        stopper = stack.enter_context(_Stopper(log))
+        # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
+        kernel_env = {CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")}
+        kernels = stack.enter_context(
+            KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root), kernel_env)
+        )
+        run = _Run(plan, report, info, output_dir, run_root, kernels, stopper, timeout, log)
         for i, path in enumerate(notebooks, 1):
-            rel = path.name
-            out_path = output_dir / path.name
-            if stopper.signum and not stop_reason:
-                stop_reason = f"not run: the run was stopped by {stopper.name}"
-            if stop_reason:
-                report.notebooks.append(NotebookResult(rel, "not-run", error=stop_reason))
-                report.checks.extend(
-                    CheckResult(c.id, "failed", rel, stop_reason, c.seed) for c in judge_checks(sources[path], rel)
-                )
-                log(f"[{i}/{len(notebooks)}] {rel}: not run ({stop_reason})")
-                continue
-            nb_params = dict(converted[path])
-            if "work_dir" in declared[path] and "work_dir" not in parameters:
-                nb_params["work_dir"] = str(run_root / path.stem)
-            log_path = output_dir / KERNEL_LOG.format(stem=path.stem)
-            log(f"[{i}/{len(notebooks)}] {rel}: running ...")
-            start = time.monotonic()
-            error = ""
-            try:
-                state, manager_class = kernels.take(path)  # started while the notebook before ran
-                stopper.begin(state)
-                if i < len(notebooks) and not stopper.signum:
-                    kernels.ahead(notebooks[i])  # the next notebook's kernel boots while this one runs
-                pm.execute_notebook(
-                    str(path),
-                    str(out_path),
-                    parameters=nb_params,
-                    kernel_name=kernel,
-                    cwd=str(path.parent),
-                    execution_timeout=timeout,
-                    shutdown_kernel="immediate",  # after the last cell: nothing left to wait for (0.3 s a notebook)
-                    progress_bar=False,
-                    kernel_manager_class=manager_class,
-                    on_cell_execute=state.on_cell_execute,
-                    on_cell_executed=state.on_cell_executed,
-                )
-            except Exception as exc:  # papermill raises PapermillExecutionError, timeouts, dead kernels
-                error = _error_summary(exc)
-            except KeyboardInterrupt:  # a signal before our handlers, or a cell refused after a stop
-                error = "KeyboardInterrupt"
-            finally:
-                stopper.end()
-            duration = time.monotonic() - start
-            if stopper.signum:
-                where = re.sub(r"^(KeyboardInterrupt|RunStopped): ?", "", error).strip()
-                error = f"stopped by {stopper.name}: the kernel and its launches were stopped" + (f"; {where}" if where else "")
-            executed = nbformat.read(out_path, as_version=4) if out_path.exists() else sources[path]
-            if not error:
-                pending = unexecuted_cells(executed)
-                if pending:
-                    error = f"{len(pending)} cell(s) never ran (first: cell {pending[0]}); did a cell call sys.exit()?"
-            status = "failed" if error else "passed"
-            report.notebooks.append(
-                NotebookResult(rel, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
-                               log_path.name, nb_params)
-            )
-            report.checks.extend(judge_checks(executed, rel))
-            log(f"[{i}/{len(notebooks)}] {rel}: {status} ({duration:.1f} s){': ' + error if error else ''}")
-            if error and not stopper.signum and not info.healthy:
-                problem = next(p for p in info.problems if p.blocking)
-                stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
-    finally:
-        kernels.discard()
-        left = stopper.finish()
-        if left:
-            log(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
-        report.stopped_by = stopper.name
-        kernel_env.__exit__(None, None, None)
-        if keep_work:
-            log(f"work dirs kept under {run_root}")
-        else:
-            shutil.rmtree(run_root, ignore_errors=True)
+            run.notebook(i, path)
+    report.stopped_by = stopper.name
     report.duration_s = round(time.monotonic() - t0, 2)
     _add_unclaimed(report, notebooks)
     return report

@@ -8,9 +8,9 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from nbtools.answers import Answer, answer_blocks, apply, collect, judge
 from nbtools.errors import ParameterError
 from nbtools.runner import discover
+from nbtools.teacher import Answer, answer_blocks, apply, collect, judge
 
 EXERCISES = """## 练习
 

@@ -67,7 +67,7 @@ def test_the_quick_starts_big_model_has_85_million_float32_parameters():
 )
 def test_llama_param_count_matches_transformers(cfg):
     pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+    import transformers
     from accelerate import init_empty_weights
 
     with init_empty_weights():
@@ -130,7 +130,7 @@ def test_program_device_map_runs_only_the_map_lines():
 
 
 def test_pictures_draw_from_the_numbers_given():
-    matplotlib = pytest.importorskip("matplotlib")
+    import matplotlib
     matplotlib.use("Agg")
     fig = bigmodel.draw_device_map(bigmodel.quickstart_device_map("cpu", "disk"))
     assert len(fig.axes[0].patches) == 23

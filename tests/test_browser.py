@@ -49,7 +49,7 @@ from browser.jupyterlab import (
     wait_until,
     write_notebook,
 )
-from conftest import NOTEBOOKS, processes_mentioning, wait_gone
+from conftest import NOTEBOOKS, processes_mentioning, skip_outside_ci, wait_gone
 
 from nbtools.checks import VERDICT
 
@@ -65,7 +65,6 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 
 
 # --------------------------------------------------------------------------- tools present?
@@ -88,10 +87,7 @@ def require_tools() -> None:
     missing = missing_tools()
     if not missing:
         return
-    message = "the browser test needs " + "; ".join(missing)
-    if IN_CI:
-        pytest.fail(message + ". CI=true: .ci/run must install them.", pytrace=False)
-    pytest.skip(message)
+    skip_outside_ci("the browser test needs " + "; ".join(missing))
 
 
 def test_browser_tools_are_installed():

@@ -177,7 +177,7 @@ def test_doctor_holds_python_to_the_floor_the_package_declares(monkeypatch):
     import tomllib
 
     from nbtools import doctor
-    from nbtools.versions import requires_python
+    from nbtools.device import requires_python
 
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml"), "rb") as f:
         assert requires_python() == tomllib.load(f)["project"]["requires-python"] == ">=3.10"

@@ -1,4 +1,4 @@
-from nbtools.eval_shards import gather_order, padding_marks, split_shards
+from nbtools.ranks import gather_order, padding_marks, split_shards
 
 # What accelerate's prepared DataLoader gave 2 and 3 ranks for 10 samples, batch 4 (measured on CPU).
 TWO = [[[0, 1, 2, 3], [8, 9, 0, 1]], [[4, 5, 6, 7], [2, 3, 4, 5]]]

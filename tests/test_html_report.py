@@ -12,9 +12,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from nbtools import html_report
-from nbtools.model import CheckResult, NotebookResult, RunReport
-from nbtools.report import write_all
+from nbtools import report as report_module
+from nbtools.report import CheckResult, NotebookResult, RunReport, write_all
 
 CPU = {
     "kind": "cpu",
@@ -208,13 +207,13 @@ def test_banner_passes_when_everything_passed(tmp_path):
     report.notebooks[0].status, report.notebooks[0].error = "passed", ""
     report.checks = [c for c in report.checks if c.status in ("passed", "skipped")]
     assert report.ok
-    text = html_report.render_index(report)
+    text = report_module.render_index(report)
     assert '<div class="banner ok" id="result" data-ok="true">' in text
     assert "PASSED: 1/1 notebooks passed; checks: 2 passed, 1 skipped" in text
 
 
 def test_npu_device_and_its_problem_are_named(tmp_path):
-    text = html_report.render_index(make_report(tmp_path, NPU))
+    text = report_module.render_index(make_report(tmp_path, NPU))
     assert "NPU x2 (Ascend910B3); backend hccl" in text
     assert 'data-kind="npu" data-count="2"' in text
     assert "ASCEND_RT_VISIBLE_DEVICES=0,1" in text
@@ -222,9 +221,8 @@ def test_npu_device_and_its_problem_are_named(tmp_path):
 
 
 def test_notebook_pages_beside_the_executed_notebooks_without_network_assets(tmp_path):
-    pytest.importorskip("nbconvert")
     report = make_report(tmp_path)
-    html_report.write_html(report, tmp_path)
+    report_module.write_html(report, tmp_path)
     page_path = tmp_path / "00_environment.html"
     assert page_path.is_file()
     page = page_path.read_text(encoding="utf-8")
@@ -249,9 +247,9 @@ def test_without_nbconvert_the_index_links_the_ipynb_and_says_why(tmp_path, monk
     def broken():
         raise ImportError("No module named 'nbconvert'")
 
-    monkeypatch.setattr(html_report, "offline_exporter", broken)
+    monkeypatch.setattr(report_module, "offline_exporter", broken)
     report = make_report(tmp_path)
-    paths = html_report.write_html(report, tmp_path)
+    paths = report_module.write_html(report, tmp_path)
     assert paths == [tmp_path / "index.html"]
     assert not (tmp_path / "00_environment.html").exists()
     page = parse((tmp_path / "index.html").read_text(encoding="utf-8"))
@@ -291,7 +289,7 @@ def test_junit_is_valid_xml_with_terminal_escapes_and_control_characters(tmp_pat
 def test_stopped_run_says_so(tmp_path):
     report = make_report(tmp_path)
     report.stopped_by = "SIGTERM"
-    text = html_report.render_index(report)
+    text = report_module.render_index(report)
     assert '<div class="banner bad" id="result" data-ok="false">STOPPED by SIGTERM:' in text
 
 

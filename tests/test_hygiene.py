@@ -12,7 +12,7 @@ import pytest
 from conftest import NOTEBOOKS
 
 from nbtools.checks import SEED_CHECKS
-from nbtools.hygiene import check_series
+from nbtools.teacher import check_series
 
 
 def test_committed_series_is_clean():

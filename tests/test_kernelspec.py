@@ -6,7 +6,7 @@ from string import Template
 
 import pytest
 
-from nbtools import kernelspec
+from nbtools import kernels
 
 # Shaped like CANN's ascend-toolkit/set_env.sh: a toolkit home, list variables extended in front.
 FAKE_SET_ENV = """
@@ -30,8 +30,8 @@ BASE = {"PATH": "/usr/bin:/bin", "HOME": "/home/u", "LD_LIBRARY_PATH": "/opt/lib
 
 
 def test_diff_holds_exactly_what_the_script_set(set_env, tmp_path):
-    before, after = kernelspec.sourced_env(set_env, base=BASE)
-    env = kernelspec.env_diff(before, after)
+    before, after = kernels.sourced_env(set_env, base=BASE)
+    env = kernels.env_diff(before, after)
     home = f"{tmp_path}/ascend-toolkit/latest"
     assert env == {
         "ASCEND_TOOLKIT_HOME": home,
@@ -43,7 +43,7 @@ def test_diff_holds_exactly_what_the_script_set(set_env, tmp_path):
 
 
 def test_template_is_filled_from_the_server_environment(set_env, tmp_path):
-    spec = kernelspec.from_set_env(set_env, python="/envs/py/bin/python", base=BASE)
+    spec = kernels.from_set_env(set_env, python="/envs/py/bin/python", base=BASE)
     server = {"PATH": "/srv/bin:/usr/bin", "LD_LIBRARY_PATH": "/srv/lib"}
     filled = {k: Template(v).safe_substitute(server) for k, v in spec["env"].items()}  # what jupyter_client does
     home = f"{tmp_path}/ascend-toolkit/latest"
@@ -56,8 +56,8 @@ def test_template_is_filled_from_the_server_environment(set_env, tmp_path):
 def test_full_values_and_dollar_escaping():
     before = {"PATH": "/usr/bin"}
     after = {"PATH": "/x/bin:/usr/bin", "ODD": "a$b", "_": "/usr/bin/env", "SHLVL": "2"}
-    assert kernelspec.env_diff(before, after, template=False) == {"PATH": "/x/bin:/usr/bin", "ODD": "a$b"}
-    env = kernelspec.env_diff(before, after)
+    assert kernels.env_diff(before, after, template=False) == {"PATH": "/x/bin:/usr/bin", "ODD": "a$b"}
+    env = kernels.env_diff(before, after)
     assert env["ODD"] == "a$$b" and Template(env["ODD"]).substitute({}) == "a$b"
 
 
@@ -65,27 +65,47 @@ def test_failing_or_missing_script(tmp_path):
     bad = tmp_path / "bad.sh"
     bad.write_text("echo 'cannot find the toolkit' >&2\nreturn 3\n")
     with pytest.raises(RuntimeError, match="exit 3.*cannot find the toolkit"):
-        kernelspec.sourced_env(bad)
+        kernels.sourced_env(bad)
     with pytest.raises(FileNotFoundError):
-        kernelspec.sourced_env(tmp_path / "nope.sh")
+        kernels.sourced_env(tmp_path / "nope.sh")
 
 
-def test_install_and_cli_print(set_env, tmp_path, capsys):
-    spec = kernelspec.from_set_env(set_env)
-    path = kernelspec.install(spec, "cann-test", prefix=tmp_path / "jupyter")
-    assert path == tmp_path / "jupyter" / "kernels" / "cann-test" / "kernel.json"
-    assert json.loads(path.read_text()) == spec
-    assert kernelspec.main([str(set_env), "--print"]) == 0
+def test_install_is_ipykernels_own(set_env, tmp_path, capsys, monkeypatch):
+    """The spec's interpreter installs it with its ipykernel: ipykernel's kernel.json (argv, metadata,
+    logos) with our display name and env, under PREFIX/share/jupyter/kernels, or the user's data dir."""
+    monkeypatch.setenv("JUPYTER_DATA_DIR", str(tmp_path / "data"))
+    spec = kernels.from_set_env(set_env)
+    path = kernels.install(spec, "cann-test", prefix=tmp_path / "jupyter")
+    assert path == tmp_path / "jupyter" / "share" / "jupyter" / "kernels" / "cann-test" / "kernel.json"
+    written = json.loads(path.read_text())
+    assert written["env"] == spec["env"] and written["display_name"] == "Python (CANN)" and written["language"] == "python"
+    assert written["argv"][0] == sys.executable and written["argv"][-4:] == ["-m", "ipykernel_launcher", "-f", "{connection_file}"]
+    assert (path.parent / "logo-64x64.png").is_file()  # ipykernel's resources came with it
+    user = kernels.install(spec, "cann-user")
+    assert user == tmp_path / "data" / "kernels" / "cann-user" / "kernel.json" and json.loads(user.read_text()) == written
+    assert kernels.main([str(set_env), "--print", "--name", "cann-print"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert printed["env"]["ASCEND_TOOLKIT_HOME"].endswith("ascend-toolkit/latest")
+    assert printed == written
+    assert sorted(p.name for p in (tmp_path / "data" / "kernels").iterdir()) == ["cann-user"]  # --print installed nothing
+
+
+def test_install_says_when_the_interpreter_has_no_ipykernel(tmp_path):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'ipykernel'\" >&2\nexit 1\n")
+    fake.chmod(0o755)
+    spec = kernels.kernel_json({"A": "1"}, python=str(fake))
+    with pytest.raises(RuntimeError, match=f"{fake}: ipykernel could not install.*exit 1.*No module named 'ipykernel'"):
+        kernels.install(spec, "x", prefix=tmp_path)
+    with pytest.raises(RuntimeError, match="cannot run"):
+        kernels.install(kernels.kernel_json({}, python=str(tmp_path / "missing")), "x", prefix=tmp_path)
 
 
 def test_a_kernel_started_from_the_spec_sees_the_variables(set_env, tmp_path):
     """End to end: jupyter_client starts the kernel with the spec's env, ${PATH} filled in."""
-    kernelspec.install(kernelspec.from_set_env(set_env), "cann-e2e", prefix=tmp_path / "jupyter")
+    kernels.install(kernels.from_set_env(set_env), "cann-e2e", prefix=tmp_path / "jupyter")
     probe = tmp_path / "probe.py"
     probe.write_text("import os\nprint('home=' + os.environ['ASCEND_TOOLKIT_HOME'])\nprint('path=' + os.environ['PATH'])\n")
-    env = dict(os.environ, JUPYTER_PATH=str(tmp_path / "jupyter"))
+    env = dict(os.environ, JUPYTER_PATH=str(tmp_path / "jupyter" / "share" / "jupyter"))
     out = subprocess.run(
         [sys.executable, "-m", "jupyter", "run", "--kernel", "cann-e2e", str(probe)],
         capture_output=True, text=True, env=env, timeout=120,

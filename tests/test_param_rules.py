@@ -3,7 +3,7 @@ import math
 import pytest
 
 from nbtools import ParameterError
-from nbtools.param_rules import numbers_between, whole_numbers
+from nbtools.params import numbers_between, whole_numbers
 
 
 def test_whole_numbers_accept_integers_at_or_above_the_minimum():

@@ -3,7 +3,7 @@ import pytest
 
 matplotlib.use("Agg")
 
-from nbtools.rank_pictures import PADDING, REAL, REDUCED, draw_collectives, draw_rank_step_grid  # noqa: E402
+from nbtools.ranks import PADDING, REAL, REDUCED, draw_collectives, draw_rank_step_grid  # noqa: E402
 
 
 def _faces(ax):

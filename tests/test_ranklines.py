@@ -1,7 +1,7 @@
 import pytest
 
 from nbtools import OutputMismatch
-from nbtools.ranklines import assert_block, block_keys, keyed_lines, strip_rank_prefix
+from nbtools.ranks import assert_block, block_keys, keyed_lines, strip_rank_prefix
 
 BLOCK = """
 world=2

@@ -13,7 +13,7 @@ import psutil
 from conftest import NOTEBOOKS, wait_gone
 from packaging.requirements import Requirement
 
-from nbtools.reset import accelerate_problem, accelerate_requirement
+from nbtools.teacher import accelerate_problem, accelerate_requirement
 
 
 def _dirty_copy(tmp_path: Path) -> Path:
@@ -72,7 +72,6 @@ def test_accelerate_is_judged_by_requirements_txt():
 
 def test_a_source_install_of_accelerate_is_put_back(monkeypatch):
     """00's exercise installs Accelerate from a git tag: pip records that in direct_url.json."""
-    from nbtools import reset
 
     class FromGit:
         version = "1.15.0"
@@ -80,6 +79,8 @@ def test_a_source_install_of_accelerate_is_put_back(monkeypatch):
         def read_text(self, name):
             return '{"url": "https://github.com/huggingface/accelerate.git", "vcs_info": {"vcs": "git"}}'
 
-    monkeypatch.setattr(reset.metadata, "distribution", lambda name: FromGit())
-    said = reset.accelerate_problem(accelerate_requirement())
+    from nbtools import teacher
+
+    monkeypatch.setattr(teacher.metadata, "distribution", lambda name: FromGit())
+    said = teacher.accelerate_problem(accelerate_requirement())
     assert said == "Accelerate 1.15.0 was installed from https://github.com/huggingface/accelerate.git"

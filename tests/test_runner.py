@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -19,6 +22,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools import ParameterError, detect
 from nbtools.checks import SEED_CHECKS
+from nbtools.device import CACHE_ENV
 from nbtools.kernels import KERNEL_ENV
 from nbtools.params import convert_parameter, parse_params
 
@@ -69,7 +73,8 @@ def series(tmp_path_factory):
             (PARAMS[0] + "accelerate_ref = ''\nhome = ''\nflag = False\nratio = 0.5\n", ["parameters"]),
             ("import os, nbtools\nprint('cwd=' + os.getcwd())\nprint('np=' + str(num_processes))\n"
              "print('wd=' + work_dir)\nprint('types=' + repr((accelerate_ref, home, flag, ratio)))\n"
-             f"print('env=' + repr({{k: os.environ.get(k) for k in {sorted(KERNEL_ENV)!r}}}))", []),
+             f"print('env=' + repr({{k: os.environ.get(k) for k in {sorted(KERNEL_ENV)!r}}}))\n"
+             f"print('run-env=' + repr((os.environ.get('TMPDIR'), {CACHE_ENV!r} in os.environ)))", []),
             ("assert num_processes == 3\nnbtools.passed('check-py', 'ok')", ["check:check-py"]),
             ("nbtools.skipped('acc-install-source', 'needs the network')", ["check:acc-install-source"]),
             ("print('no verdict here')", ["check:extra-silent"]),
@@ -171,6 +176,15 @@ def test_kernels_run_unattended_and_in_utf8(series):
     _, out, _, _ = series
     text = outputs(nbformat.read(out / "00_good.ipynb", as_version=4))
     assert f"env={dict(sorted(KERNEL_ENV.items()))!r}" in text
+
+
+def test_kernels_get_the_runs_tmpdir_and_its_device_probe(series):
+    """Given to each kernel (its env at start), not set in the runner's own environment."""
+    _, out, _, _ = series
+    text = outputs(nbformat.read(out / "00_good.ipynb", as_version=4))
+    tmpdir, has_probe = ast.literal_eval(re.search(r"^run-env=(.*)$", text, re.M).group(1))
+    assert re.fullmatch(r".*/nbtools-run-[^/]+/tmp", tmpdir) and has_probe, text
+    assert not Path(tmpdir).exists(), "the run's temp folder was left behind"
 
 
 def test_report_files(series):
@@ -377,6 +391,23 @@ def test_unknown_kernel_lists_the_installed_ones(tmp_path):
     assert "installed (`jupyter kernelspec list`): " + ", ".join(names) in proc.stderr
 
 
+def test_kernel_python_fills_the_specs_variables_from_this_environment(tmp_path, monkeypatch):
+    """A spec written by nbtools.kernels keeps ``${PATH}``: the device probe must see what the
+    kernel will see (jupyter_client fills it from the server's environment), not a literal ``${PATH}``."""
+    from nbtools.runner import kernel_python
+
+    jp = tmp_path / "jupyter"
+    install_kernel(jp, "withenv", sys.executable)
+    spec_file = jp / "kernels" / "withenv" / "kernel.json"
+    spec = json.loads(spec_file.read_text())
+    spec["env"] = {"PATH": "/cann/bin:${PATH}", "ODD": "a$$b", "NEW": "${NBTOOLS_NO_SUCH_VAR}"}
+    spec_file.write_text(json.dumps(spec))
+    monkeypatch.setenv("JUPYTER_PATH", str(jp))
+    exe, env = kernel_python("withenv")
+    assert exe == sys.executable
+    assert env == {"PATH": f"/cann/bin:{os.environ['PATH']}", "ODD": "a$b", "NEW": "${NBTOOLS_NO_SUCH_VAR}"}
+
+
 def kernel_run(tmp_path: Path, argv0: str) -> tuple[subprocess.CompletedProcess, dict, str]:
     jp = tmp_path / "jupyter"
     install_kernel(jp, "other", argv0)
@@ -403,18 +434,40 @@ def test_kernel_probe_uses_the_kernels_interpreter_fake_torch(tmp_path):
     assert "torch 0.0.1+kerneltest" in proc.stdout and report["kernel"] == "other"
 
 
-def test_ps_subcommand_calls_nbtools_ps(monkeypatch):
-    """`python -m nbtools ps [--kill] [ID|PID ...]` hands over to nbtools.ps.main, imported only when used."""
-    import types
+def test_ps_lists_a_marked_process_and_kill_stops_only_the_named_launch(tmp_path):
+    """`python -m nbtools ps [--kill] [ID|PID ...]` for real: a process carrying the launch mark (as
+    every process of a launch does) is listed; naming another launch lists nothing, naming this one
+    lists only it, and `--kill` with its id stops it. Other launches on this machine are not ours:
+    nothing here runs `--kill` before the listing proved that the id selects this launch alone.
+    The CLI imports nbtools.ps only when `ps` is asked for."""
+    from nbtools.launcher import MARKER_ENV
 
-    from nbtools import cli
+    launch_id = f"test-{uuid.uuid4().hex[:12]}"
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
+                             env=dict(os.environ, **{MARKER_ENV: f"{launch_id}:{os.getpid()}"}))
 
-    calls = []
-    fake = types.ModuleType("nbtools.ps")
-    fake.main = lambda kill=False, wanted=(): calls.append((kill, list(wanted))) or 0
-    monkeypatch.setitem(sys.modules, "nbtools.ps", fake)
-    assert cli.main(["ps"]) == 0 and cli.main(["ps", "--kill"]) == 0 and cli.main(["ps", "--kill", "123", "ab"]) == 0
-    assert calls == [(False, []), (True, []), (True, ["123", "ab"])]
+    def ps(*args) -> str:
+        proc = subprocess.run([sys.executable, "-m", "nbtools", "ps", *args], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return proc.stdout
+
+    try:
+        ours = f"launch {launch_id}: started by pid {os.getpid()}, which is still running"
+        listing = ps()
+        assert ours in listing and f"{child.pid:>7}" in listing, listing
+        assert "no launch started by nbtools is running" in ps(f"not-{launch_id}")
+        only = ps(launch_id)
+        assert ours in only and "1 launch(es) still running (1 process(es))" in only, only
+        stopped = ps("--kill", launch_id)
+        assert "stopped 1 process(es) of 1 launch(es)" in stopped, stopped
+        assert child.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    lazy = subprocess.run([sys.executable, "-c", "import sys, nbtools.cli; print('nbtools.ps' in sys.modules)"],
+                          capture_output=True, text=True, timeout=60)
+    assert lazy.stdout.strip() == "False", lazy
 
 
 def test_a_relative_output_dir_works_from_any_cwd(tmp_path):

@@ -20,7 +20,6 @@ import pytest
 from conftest import ROOT, processes_mentioning, skip_outside_ci
 
 pytest.importorskip("torch")
-pytest.importorskip("accelerate")
 if shutil.which("g++") is None and not os.environ.get("CXX"):
     pytest.skip("simnpu builds a small C++ guard at first import: needs g++", allow_module_level=True)
 

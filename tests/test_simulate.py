@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
-from nbtools import simulate
+from nbtools import device
 from nbtools.device import SIMULATED, detect, from_probe
 from nbtools.errors import ParameterError
 from nbtools.session import NEEDS_REAL_NPU, Session
@@ -36,18 +36,18 @@ SIM_NPU2 = {
 
 
 def test_the_switch_adds_in_front_and_keeps_what_the_user_has():
-    env = simulate.environment(environ={"PYTHONPATH": "/mine/site", "PATH": "/usr/bin:/bin"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(simulate.ROOT / "site"), "/mine/site"]
-    assert env["PATH"].split(os.pathsep) == [str(simulate.ROOT / "bin"), "/usr/bin", "/bin"]
+    env = device.environment(environ={"PYTHONPATH": "/mine/site", "PATH": "/usr/bin:/bin"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(device.SIMNPU_ROOT / "site"), "/mine/site"]
+    assert env["PATH"].split(os.pathsep) == [str(device.SIMNPU_ROOT / "bin"), "/usr/bin", "/bin"]
     assert (env["SIMNPU_CARDS"], env["SIMNPU_SOC"]) == ("2", "Ascend910B4")
-    assert simulate.environment(environ={})["PYTHONPATH"] == str(simulate.ROOT / "site")
+    assert device.environment(environ={})["PYTHONPATH"] == str(device.SIMNPU_ROOT / "site")
     assert "ASCEND_RT_VISIBLE_DEVICES" not in env  # the user's own choice of cards, if any, stays theirs
 
 
 @pytest.mark.parametrize("kwargs, words", [({"cards": 0}, "--npu-cards 0"), ({"soc": "Ascend910A"}, "--npu-soc 'Ascend910A'")])
 def test_bad_knobs_say_what_is_accepted(kwargs, words):
     with pytest.raises(ParameterError, match=words):
-        simulate.environment(**kwargs)
+        device.environment(**kwargs)
 
 
 def test_a_simulated_npu_is_labelled_so_and_skips_what_only_hardware_answers():
@@ -134,7 +134,7 @@ def test_ranks_that_see_one_card_do_not_pass_as_two(tmp_path):
     launch of the quick-start must fail its check, not pass as 2 ranks."""
     from nbtools.runner import run_notebooks
 
-    sim = simulate.environment()
+    sim = device.environment()
     saved = dict(os.environ)
     os.environ.update(sim)
     try:

@@ -1,0 +1,226 @@
+"""The lines a launch's ranks print, read like the quick-start's `fuzzy='...'` expected blocks.
+
+All ranks of an ``accelerate launch`` share one output pipe. Another rank's warning can land
+between the main process's lines, and torch elastic prefixes a failing rank's lines with
+``[rank1]:`` (``[default1]:`` with ``--tee``). ``keyed_lines`` keeps only the ``key=value`` lines
+an expected block speaks about, prefixes removed, in the order they came; ``assert_block``
+compares the block with exactly those lines, so a line printed twice (each process ran alone
+and thought it was the main one) is still a mismatch.
+
+``parse_kv`` (checks.py) strips the same prefixes when it reads ``key=value`` pairs.
+
+Pictures of what each rank holds, drawn with matplotlib from a run's own numbers.
+
+- ``draw_collectives``: what every rank holds before a collective, after all-gather (what
+  ``gather_for_metrics`` / ``gather`` do) and after all-reduce with a sum (``accelerator.reduce``).
+- ``draw_rank_step_grid``: rank x step, every sample a rank evaluated, the padding that
+  ``gather_for_metrics`` drops marked (see ``padding`` below).
+
+matplotlib is imported when a picture is drawn, never when nbtools is imported.
+
+Which samples each rank evaluated, and which of them are the padding ``gather_for_metrics`` drops.
+
+A worker script prints, per rank, the sample indices of every step (``steps[rank][step]`` =
+that rank's batch at that step, padding included; e.g. from ``gather_object([steps])``).
+``accelerator.gather`` concatenates the ranks' batches step by step, in rank order; with a
+prepared DataLoader (``even_batches=True``) the samples past the dataset's ``n`` in that order
+are the repeats that fill the last round, and ``gather_for_metrics`` drops exactly those.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .checks import ANY_LINES, RANK_PREFIX, assert_matches
+
+_KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
+
+
+def strip_rank_prefix(text: str) -> str:
+    """``text`` with the ``[rankN]:`` / ``[defaultN]:`` prefix removed from every line."""
+    return "\n".join(RANK_PREFIX.sub("", line) for line in text.splitlines())
+
+
+def block_keys(block: str) -> list[str]:
+    """The keys an expected block's lines start with (``world=2`` -> ``world``), in order, once each."""
+    keys: list[str] = []
+    for line in block.splitlines():
+        m = _KEY.match(line)
+        if m and m.group(1) not in keys:
+            keys.append(m.group(1))
+    return keys
+
+
+def keyed_lines(output: str, keys) -> str:
+    """The lines of ``output`` that start with ``key=`` for one of ``keys``, prefixes removed, in order."""
+    wanted = tuple(f"{k}=" for k in keys)
+    lines = (line.strip() for line in strip_rank_prefix(output).splitlines())
+    return "\n".join(line for line in lines if line.startswith(wanted))
+
+
+def assert_block(block: str, output: str, what: str = "launch output") -> None:
+    """Raise OutputMismatch unless the block's ``key=`` lines of ``output`` match ``block`` (xxx allowed).
+
+    Lines about other keys, and other ranks' warnings, are ignored, as in the quick-start's
+    ``fuzzy='...'`` blocks; every line the block names must appear exactly as often as it does there.
+    """
+    keys = block_keys(block)
+    if not keys:
+        raise ValueError(f"the expected block names no key=value line: {block!r}")
+    if any(line.strip() == ANY_LINES for line in block.splitlines()):
+        raise ValueError("assert_block already ignores other lines: leave '...' out of the block")
+    assert_matches(block, keyed_lines(output, keys), what=f"{what} (its {', '.join(k + '=' for k in keys)} lines)")
+
+
+REAL = "#cfe0f5"
+PADDING = "#f4b183"
+REDUCED = "#c7e9c0"
+RANK_COLORS = ("#cfe0f5", "#fde2b8", "#d9ead3", "#ead1dc", "#d0e0e3", "#fff2cc", "#e6d7f2", "#f4cccc")
+EDGE = "#33415c"
+
+
+def _cells(ax, x0: float, y: float, values, color: str, hatch: str | None = None) -> None:
+    from matplotlib.patches import Rectangle
+
+    for j, v in enumerate(values):
+        ax.add_patch(Rectangle((x0 + j, y - 0.4), 0.92, 0.8, facecolor=color, edgecolor=EDGE, hatch=hatch))
+        ax.text(x0 + j + 0.46, y, str(v), ha="center", va="center", fontsize=9)
+
+
+def draw_collectives(chunks: list[list], title: str = ""):
+    """Two panels, ranks as rows: each rank's tensor -> all-gather, and the same -> all-reduce (sum).
+
+    ``chunks[k]`` is rank k's tensor as a list of numbers, e.g. the gathered list split into
+    equal parts. Returns the Figure.
+    """
+    import matplotlib.pyplot as plt
+
+    if not chunks or any(len(c) != len(chunks[0]) for c in chunks):
+        raise ValueError(f"expected one equally long list per rank, got {chunks!r}")
+    world, length = len(chunks), len(chunks[0])
+    gathered = [v for c in chunks for v in c]
+    reduced = [sum(col) for col in zip(*chunks)]
+    color = [RANK_COLORS[k % len(RANK_COLORS)] for k in range(world)]  # rank k's numbers keep rank k's colour
+    panels = (("all-gather: gather / gather_for_metrics", gathered, True), ("all-reduce (sum): reduce", reduced, False))
+    widths = [length + 2 + len(out) for _, out, _ in panels]
+    fig, axes = plt.subplots(1, 2, figsize=(0.4 * sum(widths) + 2.2, 0.55 * world + 1.3), width_ratios=widths)
+    for ax, (head, out, by_rank) in zip(axes, panels):
+        x_out = length + 2
+        for k, chunk in enumerate(chunks):
+            _cells(ax, 0, -k, chunk, color[k])
+            if by_rank:
+                for src in range(world):
+                    _cells(ax, x_out + src * length, -k, chunks[src], color[src])
+            else:
+                _cells(ax, x_out, -k, out, REDUCED)
+            ax.annotate("", xy=(x_out - 0.15, -k), xytext=(length + 0.1, -k), arrowprops={"arrowstyle": "->"})
+        ax.text(0, 0.6, "each rank holds", ha="left", va="bottom", fontsize=9)
+        ax.text(x_out, 0.6, "every rank then holds", ha="left", va="bottom", fontsize=9)
+        ax.set_title(head, fontsize=10, weight="bold")
+        ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
+        ax.set_xticks([])
+        ax.set_xlim(-0.3, x_out + len(out) + 0.3)
+        ax.set_ylim(-world + 0.3, 1.3)
+        for side in ("top", "right", "bottom", "left"):
+            ax.spines[side].set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
+    """Rank x step grid of the sample indices each rank evaluated; padding hatched. Returns the Figure.
+
+    ``steps[rank][step]`` is that rank's batch at that step; ``n`` the dataset size.
+    """
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    marks = padding_marks(steps, n)
+    world = len(steps)
+    n_steps = max((len(s) for s in steps), default=0)
+    width = max((len(b) for s in steps for b in s), default=1)
+    units = n_steps * (width + 1)
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * units + 1.5), 0.6 * world + 1.7))
+    for k, (rank_steps, rank_marks) in enumerate(zip(steps, marks)):
+        for s, (batch, pads) in enumerate(zip(rank_steps, rank_marks)):
+            x0 = s * (width + 1)
+            for j, (index, pad) in enumerate(zip(batch, pads)):
+                _cells(ax, x0 + j, -k, [index], PADDING if pad else REAL, "//" if pad else None)
+    for s in range(n_steps):
+        ax.text(s * (width + 1) + width / 2, 0.6, f"step {s}", ha="center", va="bottom", fontsize=9)
+    ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
+    ax.set_xticks([])
+    ax.set_xlim(-0.3, units)
+    ax.set_ylim(-world + 0.3, 1.2)
+    ax.set_aspect("equal")
+    for side in ("top", "right", "bottom", "left"):
+        ax.spines[side].set_visible(False)
+    legend = [
+        Patch(facecolor=REAL, edgecolor=EDGE, label="sample that counts"),
+        Patch(facecolor=PADDING, edgecolor=EDGE, hatch="//", label="padding: gather_for_metrics drops it"),
+    ]
+    ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
+    if title:
+        ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def gather_order(steps: list[list[list[int]]]) -> list[int]:
+    """The indices in the order ``accelerator.gather`` returns them: step by step, ranks in order."""
+    n_steps = max((len(rank_steps) for rank_steps in steps), default=0)
+    out: list[int] = []
+    for s in range(n_steps):
+        for rank_steps in steps:
+            if s < len(rank_steps):
+                out += list(rank_steps[s])
+    return out
+
+
+def padding_marks(steps: list[list[list[int]]], n: int) -> list[list[list[bool]]]:
+    """Same shape as ``steps``: True where the sample sits at position >= ``n`` in the gathered order."""
+    n_steps = max((len(rank_steps) for rank_steps in steps), default=0)
+    marks = [[[False] * len(batch) for batch in rank_steps] for rank_steps in steps]
+    position = 0
+    for s in range(n_steps):
+        for rank, rank_steps in enumerate(steps):
+            if s < len(rank_steps):
+                for j in range(len(rank_steps[s])):
+                    marks[rank][s][j] = position >= n
+                    position += 1
+    return marks
+
+
+@dataclass
+class Shards:
+    real: list[list[int]]  # per rank: the samples that count, in the order the rank saw them
+    padding: list[list[int]]  # per rank: the repeats gather_for_metrics drops
+
+    @property
+    def all_real(self) -> list[int]:
+        return [i for part in self.real for i in part]
+
+    @property
+    def all_padding(self) -> list[int]:
+        return [i for part in self.padding for i in part]
+
+    def overlaps(self) -> dict[tuple[int, int], set[int]]:
+        """Pairs of ranks whose real samples share indices (empty when the shards are disjoint)."""
+        out = {}
+        for a in range(len(self.real)):
+            for b in range(a + 1, len(self.real)):
+                common = set(self.real[a]) & set(self.real[b])
+                if common:
+                    out[(a, b)] = common
+        return out
+
+
+def split_shards(steps: list[list[list[int]]], n: int) -> Shards:
+    """Each rank's samples, split into the real ones and the padding (see ``padding_marks``)."""
+    marks = padding_marks(steps, n)
+    real = [[i for batch, m in zip(rs, ms) for i, pad in zip(batch, m) if not pad] for rs, ms in zip(steps, marks)]
+    padding = [[i for batch, m in zip(rs, ms) for i, pad in zip(batch, m) if pad] for rs, ms in zip(steps, marks)]
+    return Shards(real, padding)

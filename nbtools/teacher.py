@@ -1,0 +1,407 @@
+"""`python -m nbtools check`: the notebooks are committed clean and tagged right.
+
+Rules: valid nbformat 4; no outputs, execution counts or papermill metadata; kernelspec
+`python3`; exactly one `parameters` cell; `import nbtools` before the first `nbtools.`; every exercise
+under '## 练习' followed by its collapsed hint and answer (`<summary>提示</summary>`, `<summary>答案</summary>`); no `!cmd` / `%pip` / `%%bash` (their failures do
+not fail a run: use nbtools.run); every quick-start check id tagged (`check:<id>`) on exactly one
+code cell across the series, and that cell prints its verdict with passed()/skipped().
+
+Run the exercise answers that are code, and check that each still does what its text says.
+
+The 练习 cell of a notebook carries, in its metadata under ``nbtools.answers``, one entry per
+exercise whose answer can be applied to the lesson mechanically::
+
+    {"exercise": 4,
+     "params": {"num_processes": 1},                   # optional: as `-p name=value`
+     "edits": [{"cell": "loaded = dispatch_model(",   # the one code cell that contains this text
+                "after": "loaded = dispatch_model(",  # insert after the line containing this text ...
+                "code": 0}],                           # ... code block 0 of the answer, as the learner reads it
+     "expect": {"bigmodel-exact": "failed: Tensor-likes are not close"}}
+
+Edits: ``{"cell", "after", "code"}`` inserts lines after a line; ``{"cell", "replace", "code"}``
+replaces text; ``{"new_cell_before", "code"}`` inserts a code cell before the one cell (of any
+kind) containing that text. ``code`` is the index of a fenced block in that exercise's answer
+(the part after ``<summary>答案</summary>``) or a literal text. Expectations per check id:
+``passed``, ``skipped``, ``failed`` or ``failed: <regex>`` (searched in the failure's reason); the
+key ``notebook`` expects the notebook's own status and error (an answer that stops the lesson
+in a cell that is not a check).
+
+Every answer becomes a copy of its notebook with the edits applied (and its parameters set in
+the parameters cell), run like the lessons (runner.run_notebooks). An answer fails when the lesson
+no longer has the text an edit needs, when its code block is gone, or when a check says
+something else than expected: the exercise text and the lesson drifted apart.
+
+`python -m nbtools reset`: a workshop machine back to its start state between two groups.
+
+It does three things, says each one, and touches nothing else:
+
+1. stops the launches nbtools started that are still running (``ps --kill``: only processes that
+   carry nbtools' launch mark, never a learner's other jobs or JupyterLab's kernels);
+2. removes the work folders the notebooks made in JupyterLab (``notebooks/work/``, beside the
+   notebooks; unattended runs already remove theirs);
+3. puts back the Accelerate the requirement files ask for, where 00's exercise replaced it: an
+   Accelerate installed from a source checkout or a git URL, or one outside ``requirements.txt``'s
+   range, is reinstalled from the package index (or, offline, from ``--find-links WHEELHOUSE``).
+
+``--dry-run`` says what it would do and does nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from dataclasses import dataclass, field
+from importlib import metadata
+from pathlib import Path
+
+import nbformat
+from packaging.requirements import Requirement
+
+from .checks import SEED_CHECKS, check_ids
+from .errors import ParameterError
+from .runner import default_notebooks_dir
+
+_SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
+_IMPORT = re.compile(r"^import nbtools\b", re.MULTILINE)
+_NAME = re.compile(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$")
+
+
+def _cell_problems(where: str, cell, claims: dict[str, list[str]]) -> list[str]:
+    """One cell's problems; the check ids it claims are added to ``claims``."""
+    problems = []
+    meta = cell.get("metadata", {})
+    if "papermill" in meta or "execution" in meta:
+        problems.append(f"{where}: carries run metadata (papermill/execution)")
+    ids = check_ids(meta.get("tags", []))
+    if cell.cell_type != "code":
+        return problems + ([f"{where}: check tag on a {cell.cell_type} cell"] if ids else [])
+    if cell.get("outputs"):
+        problems.append(f"{where}: has outputs; clear them before committing")
+    if cell.get("execution_count") is not None:
+        problems.append(f"{where}: has an execution count; clear it before committing")
+    m = _SHELL.search(cell.source)
+    if m:
+        problems.append(
+            f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run_command([...])"
+        )
+    for cid in ids:
+        claims.setdefault(cid, []).append(where)
+        if f'"{cid}"' not in cell.source and f"'{cid}'" not in cell.source:
+            problems.append(f"{where}: tagged check:{cid} but never calls passed/skipped with {cid!r}")
+    return problems
+
+
+def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
+    """Problems of one notebook, and the check ids it claims (id -> [where])."""
+    problems: list[str] = []
+    claims: dict[str, list[str]] = {}
+    name = path.name
+    if not _NAME.match(name):
+        problems.append(f"{name}: file name should look like NN_slug.ipynb or NNb_slug.ipynb (lowercase, underscores)")
+    try:
+        nb = nbformat.read(path, as_version=nbformat.NO_CONVERT)
+    except Exception as exc:
+        return [f"{name}: cannot be read as a notebook: {exc}"], claims
+    if nb.get("nbformat") != 4:
+        problems.append(f"{name}: nbformat {nb.get('nbformat')}, expected 4")
+    try:
+        nbformat.validate(nb)
+    except nbformat.ValidationError as exc:
+        problems.append(f"{name}: invalid nbformat: {str(exc).splitlines()[0]}")
+    kernel = nb.metadata.get("kernelspec", {}).get("name")
+    if kernel != "python3":
+        problems.append(f"{name}: kernelspec name is {kernel!r}, expected 'python3'")
+    if "papermill" in nb.metadata:
+        problems.append(f"{name}: notebook metadata holds papermill run data; save it clean")
+    n_params = 0
+    for i, cell in enumerate(nb.cells):
+        n_params += "parameters" in cell.get("metadata", {}).get("tags", [])
+        problems += _cell_problems(f"{name} cell {i}", cell, claims)
+    if n_params != 1:
+        problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
+    problems += [f"{name}: {p}" for p in exercise_problems(nb)]
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    uses = next((i for i, src in enumerate(code) if re.search(r"\bnbtools\.", src)), None)
+    imports = next((i for i, src in enumerate(code) if _IMPORT.search(src)), None)
+    if uses is not None and (imports is None or imports > uses):
+        problems.append(f"{name}: uses nbtools. before any `import nbtools` (%load_ext injects the name, a "
+                        "learner's own script does not): import it where the setup cell calls nbtools.setup")
+    return problems, claims
+
+
+_EXERCISES = re.compile(r"^## 练习\s*$", re.MULTILINE)
+_ITEM = re.compile(r"^(\d+)\. ", re.MULTILINE)
+_ANSWER = ("<summary>提示</summary>", "<summary>答案</summary>")
+
+
+def exercise_problems(nb) -> list[str]:
+    """Every numbered exercise under '## 练习' has its hint and its answer, collapsed, right below it."""
+    cells = [c for c in nb.cells if c.cell_type == "markdown" and _EXERCISES.search(c.source)]
+    if not cells:
+        return ["no '## 练习' section"]
+    text = cells[-1].source[_EXERCISES.search(cells[-1].source).end():]
+    text = re.split(r"^## ", text, maxsplit=1, flags=re.MULTILINE)[0]  # up to the next section, if any
+    items = list(_ITEM.finditer(text))
+    if not items:
+        return ["'## 练习' lists no numbered exercise"]
+    out = []
+    for k, m in enumerate(items):
+        body = text[m.end():items[k + 1].start() if k + 1 < len(items) else len(text)]
+        missing = [s for s in _ANSWER if s not in body]
+        if missing:
+            out.append(f"exercise {m.group(1)} has no {' / '.join(missing)} below it (a collapsed <details> block)")
+    return out
+
+
+def check_series(folder: Path) -> list[str]:
+    paths = sorted(folder.glob("*.ipynb"))
+    if not paths:
+        return [f"no notebooks in {folder}"]
+    problems: list[str] = []
+    claims: dict[str, list[str]] = {}
+    for p in paths:
+        probs, mine = check_notebook(p)
+        problems.extend(probs)
+        for cid, where in mine.items():
+            claims.setdefault(cid, []).extend(where)
+    for cid in SEED_CHECKS:
+        where = claims.get(cid, [])
+        if len(where) != 1:
+            problems.append(
+                f"quick-start check {cid}: tagged on {len(where)} cells ({', '.join(where) or 'none'}), expected exactly 1"
+            )
+    for cid, where in claims.items():
+        if cid not in SEED_CHECKS and len(where) != 1:
+            problems.append(f"check {cid}: tagged on {len(where)} cells ({', '.join(where)}), expected exactly 1")
+    return problems
+
+
+_HEADING = re.compile(r"^## 练习", re.M)
+_ITEM = re.compile(r"^(\d+)\. ", re.M)
+_FENCE = re.compile(r"^[ \t]*```[\w-]*\n(.*?)^[ \t]*```", re.M | re.S)
+ANSWER_SUMMARY = "<summary>答案</summary>"
+
+
+@dataclass
+class Answer:
+    notebook: Path
+    exercise: int
+    spec: dict
+    variant: Path | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"{self.notebook.stem} 练习 {self.exercise}"
+
+
+def exercise_cell(nb):
+    """The markdown cell holding the ``## 练习`` section (it may share the cell with ``## 小结``)."""
+    return next((c for c in nb.cells if c.cell_type == "markdown" and _HEADING.search(c.source)), None)
+
+
+def exercises_text(cell) -> str:
+    return cell.source[_HEADING.search(cell.source).start():]
+
+
+def answer_blocks(exercises_md: str, number: int) -> list[str]:
+    """The fenced code blocks of exercise ``number``'s answer, dedented as a learner copies them."""
+    starts = [(int(m.group(1)), m.start()) for m in _ITEM.finditer(exercises_md)]
+    spans = {n: (s, starts[i + 1][1] if i + 1 < len(starts) else len(exercises_md)) for i, (n, s) in enumerate(starts)}
+    if number not in spans:
+        raise ParameterError(f"exercise {number} does not exist")
+    item = exercises_md[slice(*spans[number])]
+    if ANSWER_SUMMARY not in item:
+        raise ParameterError(f"exercise {number} has no {ANSWER_SUMMARY}")
+    answer = item.split(ANSWER_SUMMARY, 1)[1]
+    return [_dedent(m.group(1)) for m in _FENCE.finditer(answer)]
+
+
+def _dedent(block: str) -> str:
+    return textwrap.dedent(block).rstrip("\n") + "\n"
+
+
+def _code(edit: dict, blocks: list[str]) -> str:
+    code = edit["code"]
+    if isinstance(code, int):
+        if code >= len(blocks):
+            raise ParameterError(f"the answer has {len(blocks)} code block(s), the spec wants block {code}")
+        return blocks[code]
+    return code
+
+
+def _one(cells, text: str, kind: str | None = "code"):
+    found = [c for c in cells if (kind is None or c.cell_type == kind) and text in c.source]
+    if len(found) != 1:
+        where = "no" if not found else f"{len(found)}"
+        raise ParameterError(f"{where} {kind or ''} cell(s) contain {text!r}: the lesson changed under the answer")
+    return found[0]
+
+
+def apply(nb, spec: dict, blocks: list[str]) -> None:
+    """Apply one answer's edits and parameters to ``nb`` in place."""
+    for edit in spec.get("edits", []):
+        code = _code(edit, blocks)
+        if "new_cell_before" in edit:
+            target = _one(nb.cells, edit["new_cell_before"], kind=None)
+            nb.cells.insert(nb.cells.index(target), nbformat.v4.new_code_cell(code.rstrip("\n")))
+            continue
+        cell = _one(nb.cells, edit["cell"])
+        if "replace" in edit:
+            if edit["replace"] not in cell.source:
+                raise ParameterError(f"{edit['replace']!r} is not in the cell any more")
+            cell.source = cell.source.replace(edit["replace"], code.rstrip("\n"), 1)
+        else:
+            lines = cell.source.split("\n")
+            at = [i for i, line in enumerate(lines) if edit["after"] in line]
+            if len(at) != 1:
+                raise ParameterError(f"{len(at)} lines contain {edit['after']!r} (expected one)")
+            indent = re.match(r"\s*", lines[at[0]]).group(0)
+            new = [indent + line if line else line for line in code.rstrip("\n").split("\n")]
+            cell.source = "\n".join(lines[: at[0] + 1] + new + lines[at[0] + 1 :])
+    params = spec.get("params") or {}
+    if params:
+        cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+        cell.source += "\n" + "\n".join(f"{k} = {v!r}  # set by this answer" for k, v in params.items())
+
+
+def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
+    """Every answer of ``notebooks``, each written as a variant notebook into ``folder``."""
+    answers = []
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        cell = exercise_cell(nb)
+        specs = (cell.metadata.get("nbtools", {}).get("answers", []) if cell is not None else [])
+        for k, spec in enumerate(specs):
+            answer = Answer(path, int(spec["exercise"]), spec)
+            variant = nbformat.read(path, as_version=4)
+            try:
+                apply(variant, spec, answer_blocks(exercises_text(cell), answer.exercise))
+            except ParameterError as exc:
+                answer.problems.append(str(exc))
+            else:
+                answer.variant = folder / f"{path.stem}__answer{answer.exercise}_{k}.ipynb"
+                nbformat.write(variant, answer.variant)
+            answers.append(answer)
+    return answers
+
+
+def judge(answer: Answer, verdicts: dict[str, tuple[str, str]]) -> None:
+    """Compare the variant's check verdicts (id -> (status, reason)) with what the answer expects."""
+    for check_id, want in answer.spec["expect"].items():
+        status, reason = verdicts.get(check_id, ("missing", "the variant has no such check"))
+        kind, _, pattern = want.partition(":")
+        if status != kind.strip():
+            answer.problems.append(f"{check_id}: expected {want!r}, got {status} ({reason[:300]})")
+        elif pattern.strip() and not re.search(pattern.strip(), reason):
+            answer.problems.append(f"{check_id}: {status}, but its reason does not match {pattern.strip()!r}: {reason[:300]}")
+
+
+def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout: float | None, log=print) -> list[Answer]:
+    from .runner import run_notebooks
+
+    folder = Path(tempfile.mkdtemp(prefix="nbtools-answers-"))  # the variants; the executed copies go to output_dir
+    try:
+        answers = collect(notebooks, folder)
+        runnable = [a for a in answers if a.variant is not None]
+        report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout, log=log) if runnable else None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    for a in runnable:
+        verdicts = {c.id: (c.status, c.reason) for c in report.checks if c.notebook == a.variant.name}
+        for n in report.notebooks:
+            if Path(n.path).name == a.variant.name:
+                verdicts["notebook"] = (n.status, n.error)
+                if n.output:  # a failed check's whole error, not only its first line
+                    verdicts.update(_full_errors(output_dir / n.output, verdicts))
+        judge(a, verdicts)
+    return answers
+
+
+def _full_errors(executed: Path, verdicts: dict) -> dict:
+    from .checks import check_ids
+    from .report import strip_ansi
+
+    out = {}
+    for cell in nbformat.read(executed, as_version=4).cells:
+        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
+        for cid in check_ids(cell.get("metadata", {}).get("tags")) if errors else ():
+            status, _ = verdicts.get(cid, ("failed", ""))
+            out[cid] = (status, f"{errors[0].get('ename')}: {strip_ansi(str(errors[0].get('evalue', '')))}")
+    return out
+
+
+REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
+WORK = "work"  # the folder the notebooks' interactive work folders live in (session._work_dir)
+
+
+def accelerate_requirement(path: Path = REQUIREMENTS) -> Requirement:
+    """The ``accelerate`` line of requirements.txt (e.g. ``accelerate>=1.0``)."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line and Requirement(line).name.lower() == "accelerate":
+            return Requirement(line)
+    raise ValueError(f"{path} has no accelerate line")
+
+
+def accelerate_problem(requirement: Requirement) -> str | None:
+    """Why the installed Accelerate is not the one the requirement files give a learner; None when it is."""
+    try:
+        dist = metadata.distribution("accelerate")
+    except metadata.PackageNotFoundError:
+        return "Accelerate is not installed"
+    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    if direct:  # installed from a folder, a git URL or a file: 00's source install
+        return f"Accelerate {dist.version} was installed from {direct.get('url', 'a local source')}"
+    if not requirement.specifier.contains(dist.version, prereleases=True):
+        return f"Accelerate {dist.version} is outside requirements.txt's {requirement}"
+    return None
+
+
+def reset(notebooks: Path | None = None, *, dry_run: bool = False, find_links: str | None = None, out=print) -> list[str]:
+    """Do (or, with ``dry_run``, list) the three steps; returns the lines it printed."""
+    from .ps import find, render, stop
+
+    said: list[str] = []
+
+    def say(text: str) -> None:
+        said.append(text)
+        out(text)
+
+    verb = "would" if dry_run else "did"
+    launches = find()
+    if launches:
+        say(f"launches still running ({len(launches)}):\n{render(launches)}")
+        if not dry_run:
+            stop(launches)
+        say(f"{verb} stop them (guardian first, then SIGKILL whatever still carries nbtools' mark)")
+    else:
+        say("no launch of nbtools is running")
+
+    work = (notebooks or default_notebooks_dir()) / WORK
+    if work.is_dir():
+        folders = sorted(p.name for p in work.iterdir())
+        if not dry_run:
+            shutil.rmtree(work)
+        say(f"{verb} remove {work} ({len(folders)} work folder(s): {', '.join(folders) or 'empty'})")
+    else:
+        say(f"no work folders ({work} does not exist)")
+
+    requirement = accelerate_requirement()
+    problem = accelerate_problem(requirement)
+    if problem is None:
+        say(f"Accelerate {metadata.version('accelerate')} is what requirements.txt asks for ({requirement}): left alone")
+        return said
+    cmd = [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(requirement)]
+    if find_links:
+        cmd[4:4] = ["--no-index", "--find-links", find_links]
+    say(f"{problem}: {verb} reinstall it: {' '.join(cmd[1:])}")
+    if not dry_run:
+        subprocess.run(cmd, check=True)
+        say(f"Accelerate is now {metadata.version('accelerate')}")
+    return said
