@@ -137,7 +137,7 @@ def terminal_line(kind: str, text: str, info, device: str, num_processes: int, c
     written = commands.parse(text)
     if kind == "cmd":
         try:
-            real = commands.resolve(written, info, device)
+            real = commands.command_here(written, info, device)
         except commands.CommandNotHere:  # npu-smi off an Ascend host: the notebook skips it too
             return None
         return commands.shown(real.argv, real.env)

@@ -7,7 +7,7 @@ why in one line. Only these rules exist: there is no general rewriter.
 
 - ``parse``: options (``--timeout S``, ``--allow-fail``, ``--online``), ``NAME=VALUE`` prefixes, argv;
   a command may span lines (quotes over newlines, backslash-newline continuations).
-- ``resolve``: the real argv/env of a command (``%cmd``).
+- ``command_here``: the real argv/env of a command (``%cmd``).
 - ``dispatch_rule``: the quick-start's dispatch program (``python -c``) with its two devices on this machine.
 - ``launch_call``: the real ``accelerate launch`` of a written one (``%launch``), via the launch plan.
 """
@@ -56,7 +56,7 @@ class CommandNotHere(NbtoolsError):
 
 
 @dataclass
-class Written:
+class WrittenCommand:
     """A command as written in a cell, split up (after IPython's ``{expr}`` expansion)."""
 
     text: str  # as written, options removed: what the cell prints after `$ `
@@ -69,7 +69,7 @@ class Written:
 
 
 @dataclass
-class Real:
+class CommandHere:
     """What really runs here for a written command, and why it differs."""
 
     argv: list[str]
@@ -114,7 +114,7 @@ def split(text: str) -> list[str]:
         raise ParameterError(f"cannot parse the command ({exc}): {text.strip()[:200]}") from None
 
 
-def parse(text: str) -> Written:
+def parse(text: str) -> WrittenCommand:
     """Options, env prefix and argv of a written command."""
     words = split(text)
     timeout, allow_fail, online, background = None, False, False, False
@@ -141,7 +141,7 @@ def parse(text: str) -> Written:
         env[name] = value
     if not words:
         raise ParameterError("no command given (e.g. `%cmd python --version`)")
-    return Written(_written_text(text), env, words, timeout, allow_fail, online, background)
+    return WrittenCommand(_written_text(text), env, words, timeout, allow_fail, online, background)
 
 
 def _written_text(text: str) -> str:
@@ -183,7 +183,7 @@ def torch_npu_installed() -> bool:
     return importlib.util.find_spec("torch_npu") is not None
 
 
-def _visible_rule(env: dict[str, str], info: DeviceInfo, real: Real) -> None:
+def _visible_rule(env: dict[str, str], info: DeviceInfo, real: CommandHere) -> None:
     """The NPU visible-devices variable of the quick-start means the same for CUDA; nothing on a CPU."""
     if ASCEND_VAR not in env or info.kind == "npu":
         return
@@ -250,13 +250,13 @@ def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], st
     return ([argv[0], "-c", program], why) if why else None
 
 
-def resolve(written: Written, info: DeviceInfo, device: str = "auto") -> Real:
+def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto") -> CommandHere:
     """The command that really runs here for ``written`` (``%cmd``), with the reasons.
 
     ``device`` is the notebook's device parameter: the quick-start's dispatch program is adapted to it.
     """
     argv, env = list(written.argv), dict(written.env)
-    real = Real(argv)
+    real = CommandHere(argv)
     prog = argv[0]
     if prog in ("python", "python3"):
         argv[0] = sys.executable
@@ -303,7 +303,7 @@ class LaunchCall:
     written_visible: str | None
 
 
-def parse_launch(written: Written, default_processes: int = 1) -> LaunchCall:
+def parse_launch(written: WrittenCommand, default_processes: int = 1) -> LaunchCall:
     """Split ``[ENV=..] accelerate launch [flags] script [args]`` (the quick-start's core command)."""
     argv = written.argv
     if argv[:2] != ["accelerate", "launch"]:

@@ -79,11 +79,11 @@ def expand_outside_program(text: str, namespace: dict) -> str:
     return expand_fields(text, namespace)
 
 
-def _finish(result: Result, written: commands.Written) -> Result:
+def _finish(result: Result, written: commands.WrittenCommand) -> Result:
     return dataclasses.replace(result, written=written.text)
 
 
-def _failed(exc: LaunchError, written: commands.Written) -> Result:
+def _failed(exc: LaunchError, written: commands.WrittenCommand) -> Result:
     """--allow-fail: hand back the failed run's Result (the failure is printed, not raised)."""
     if exc.result is None or not written.allow_fail:
         raise exc
@@ -97,7 +97,7 @@ def run_written(text: str) -> Result:
     if written.background:
         raise ParameterError("--background is a %launch option (a launch that keeps running while the notebook goes on)")
     info, device, timeout, timeout_name = _context()
-    real = commands.resolve(written, info, device)
+    real = commands.command_here(written, info, device)
     same = real.argv == written.argv and real.env == written.env
     try:
         result = run_command(

@@ -51,42 +51,42 @@ def test_parse_a_command_over_lines():
 
 
 def test_rules_python_pip_uv_accelerate():
-    r = commands.resolve(commands.parse("python --version"), info(CPU))
+    r = commands.command_here(commands.parse("python --version"), info(CPU))
     assert r.argv == [sys.executable, "--version"] and "kernel's own interpreter" in r.why_line
     for written in ("pip install -U accelerate", "uv pip install -U accelerate"):
-        r = commands.resolve(commands.parse(written), info(CPU))
+        r = commands.command_here(commands.parse(written), info(CPU))
         assert r.argv == [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-U", "accelerate"]
-    r = commands.resolve(commands.parse("accelerate env"), info(CPU))
+    r = commands.command_here(commands.parse("accelerate env"), info(CPU))
     assert Path(r.argv[0]).name == "accelerate" and r.argv[1:] == ["env"]
-    r = commands.resolve(commands.parse("git --version"), info(CPU))
+    r = commands.command_here(commands.parse("git --version"), info(CPU))
     assert r.argv == ["git", "--version"] and not r.why
 
 
 def test_visible_devices_variable_per_platform():
     w = "ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate env"
-    assert commands.resolve(commands.parse(w), info(NPU2)).env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
-    cuda = commands.resolve(commands.parse(w), info(CUDA2))
+    assert commands.command_here(commands.parse(w), info(NPU2)).env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
+    cuda = commands.command_here(commands.parse(w), info(CUDA2))
     assert cuda.env == {"CUDA_VISIBLE_DEVICES": "0,1"} and "CUDA_VISIBLE_DEVICES" in cuda.why_line
-    cpu = commands.resolve(commands.parse(w), info(CPU))
+    cpu = commands.command_here(commands.parse(w), info(CPU))
     assert cpu.env == {} and "dropped" in cpu.why_line
 
 
 def test_npu_smi_absent_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(commands.shutil, "which", lambda name: None)
     with pytest.raises(CommandNotHere, match="only on Ascend hosts"):
-        commands.resolve(commands.parse("npu-smi info"), info(CPU))
+        commands.command_here(commands.parse("npu-smi info"), info(CPU))
     assert issubclass(CommandNotHere, nbtools.NbtoolsError)
 
 
 def test_check_torch_rewrite_only_for_that_program_and_only_without_torch_npu(monkeypatch):
     written = commands.parse(f'python -c "{CHECK_TORCH}"')
     monkeypatch.setattr(commands, "torch_npu_installed", lambda: False)
-    r = commands.resolve(written, info(CPU))
+    r = commands.command_here(written, info(CPU))
     assert r.argv == [sys.executable, "-c", CHECK_TORCH_WITHOUT_NPU] and "torch_npu is not installed" in r.why_line
     other = commands.parse('python -c "import torch, torch_npu; print(torch.npu.is_available())"')
-    assert commands.resolve(other, info(CPU)).argv[2] == other.argv[2]  # no general rewriter
+    assert commands.command_here(other, info(CPU)).argv[2] == other.argv[2]  # no general rewriter
     monkeypatch.setattr(commands, "torch_npu_installed", lambda: True)
-    assert commands.resolve(written, info(NPU2)).argv == [sys.executable, "-c", CHECK_TORCH]  # verbatim on NPU
+    assert commands.command_here(written, info(NPU2)).argv == [sys.executable, "-c", CHECK_TORCH]  # verbatim on NPU
 
 
 def test_the_rewritten_check_torch_is_the_same_program_asking_cuda():
