@@ -198,6 +198,19 @@ def test_an_error_marker_fails_even_with_exit_code_0(python):
     assert nbtools.run_command([python, "-c", code], echo=False, check=False).returncode == 0
 
 
+def test_a_warning_written_into_another_ranks_line_is_put_on_its_own(python):
+    """Two writers on one pipe: the value, then another rank's warning, then the value's newline
+    (what an unbuffered print() and a rank's FutureWarning did in CI). The value still reads back."""
+    program = (
+        "import os; os.write(1, b'train_loss=0.0898'); "
+        "os.write(1, b'/venv/torch/distributed/c10d_logger.py:83: FutureWarning: deprecated\\n  return f()\\n'); "
+        "os.write(1, b'\\n')"
+    )
+    r = nbtools.run_command([python, "-c", program], echo=False)
+    assert r.kv["train_loss"] == "0.0898", r.output
+    assert "\n/venv/torch/distributed/c10d_logger.py:83: FutureWarning: deprecated\n" in r.output
+
+
 def test_output_streams_while_the_command_runs(python, tmp_path, capsys):
     code = "import time\nprint('first', flush=False)\ntime.sleep(2)\nprint('second')"
     stamps = []
