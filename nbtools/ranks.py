@@ -14,7 +14,7 @@ Pictures of what each rank holds, drawn with matplotlib from a run's own numbers
 - ``draw_collectives``: what every rank holds before a collective, after all-gather (what
   ``gather_for_metrics`` / ``gather`` do) and after all-reduce with a sum (``accelerator.reduce``).
 - ``draw_rank_step_grid``: rank x step, every sample a rank evaluated, the padding that
-  ``gather_for_metrics`` drops marked (see ``padding`` below).
+  ``gather_for_metrics`` drops marked (see ``padding_marks`` below).
 
 matplotlib is imported when a picture is drawn, never when nbtools is imported.
 
