@@ -109,6 +109,11 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         return [f"{name}: cannot be read as a notebook: {exc}"], claims
     if nb.get("nbformat") != 4:
         problems.append(f"{name}: nbformat {nb.get('nbformat')}, expected 4")
+    if nb.get("nbformat_minor", 0) >= 5:  # nbformat.read adds missing ids (with a warning): look at the file
+        cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+        missing = [i for i, cell in enumerate(cells) if "id" not in cell]
+        if missing:
+            problems.append(f"{name}: cells {missing} have no id, which nbformat 4.5 requires; run nbformat's normalize")
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:

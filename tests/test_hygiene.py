@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -66,6 +67,15 @@ def test_each_rule_catches_its_defect(copy, mutate, expected):
     _edit(_first(copy), mutate)
     problems = check_series(copy)
     assert any(expected in p for p in problems), problems
+
+
+def test_a_cell_without_an_id_is_reported(copy):
+    # nbformat.write adds missing ids, so the file is edited as JSON, as an old editor would leave it
+    path = next(p for p in sorted(copy.glob("*.ipynb")) if json.loads(p.read_text(encoding="utf-8"))["nbformat_minor"] >= 5)
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    del raw["cells"][2]["id"]
+    path.write_text(json.dumps(raw, ensure_ascii=False, indent=1), encoding="utf-8")
+    assert f"{path.name}: cells [2] have no id, which nbformat 4.5 requires; run nbformat's normalize" in check_series(copy)
 
 
 def test_a_seed_id_tagged_twice_or_never_is_reported(copy):
