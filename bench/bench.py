@@ -126,9 +126,9 @@ def _holds(test, namespace: dict) -> bool:
         return True
 
 
-def defaults(nb) -> dict:
+def defaults(path: Path) -> dict:
     """The parameters cell's literal defaults."""
-    return {k: v for k, v in parameter_defaults(nb).items() if v is not NO_DEFAULT}
+    return {k: v for k, v in parameter_defaults(path).items() if v is not NO_DEFAULT}
 
 
 def terminal_line(kind: str, text: str, info, device: str, num_processes: int, cwd: Path) -> str | None:
@@ -161,7 +161,7 @@ def run_bare(path: Path, log=print) -> dict:
     no nbtools launcher or guardian, no checks. A command that fails is run again (at most twice:
     gloo's teardown abort on a CPU, which the notebooks rerun too); both runs count."""
     nb = nbformat.read(path, as_version=4)
-    params = defaults(nb)
+    params = defaults(path)
     origin = Path.cwd()
     work = tempfile.mkdtemp(prefix=f"nbtools-bench-{path.stem}-")
     with contextlib.redirect_stdout(io.StringIO()):  # untimed: the notebook's setup cell, for the names its commands use

@@ -170,41 +170,15 @@ def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
 NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by
 
 
-def _parameters_cell(nb):
-    for cell in nb.cells:
-        if cell.cell_type == "code" and "parameters" in cell.get("metadata", {}).get("tags", []):
-            return cell
-    return None
+def parameter_defaults(notebook: str | os.PathLike) -> dict:
+    """Name -> default value of the notebook's `parameters` cell, as papermill's ``inspect_notebook``
+    reads it without executing anything (``NO_DEFAULT`` where the default is no literal)."""
+    import papermill
 
-
-def _assignments(source: str):
-    """(name, value node) of each top-level ``name = value`` / ``name: type = value``."""
-    try:
-        tree = ast.parse(source)
-    except SyntaxError:
-        return
-    for node in tree.body:
-        if isinstance(node, ast.Assign):
-            for t in node.targets:
-                if isinstance(t, ast.Name):
-                    yield t.id, node.value
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
-            yield node.target.id, node.value
-
-
-def declared_parameters(nb) -> dict:
-    """Names and default source of the `parameters` cell, read without executing it."""
-    cell = _parameters_cell(nb)
-    return {name: ast.unparse(value) for name, value in _assignments(cell.source)} if cell else {}
-
-
-def parameter_defaults(nb) -> dict:
-    """Name -> default value of the `parameters` cell (``NO_DEFAULT`` where it is no literal)."""
-    cell = _parameters_cell(nb)
     out = {}
-    for name, value in _assignments(cell.source) if cell else ():
+    for name, declared in papermill.inspect_notebook(str(notebook)).items():
         try:
-            out[name] = ast.literal_eval(value)
+            out[name] = ast.literal_eval(declared["default"])
         except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
             out[name] = NO_DEFAULT
     return out

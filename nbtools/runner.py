@@ -40,7 +40,7 @@ from .checks import SEED_CHECKS, VERDICT, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
-from .params import convert_parameters, declared_parameters, parameter_defaults
+from .params import convert_parameters, parameter_defaults
 from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill
 from .report import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
 
@@ -286,21 +286,21 @@ class _Plan:
     notebooks: list[Path]
     parameters: dict  # as given (text from -p)
     sources: dict  # path -> the notebook as read
-    declared: dict  # path -> its declared parameter names
+    declared: dict  # path -> its declared parameters and their defaults
     converted: dict  # path -> the parameters it gets, converted by its own defaults
 
     @classmethod
     def read(cls, notebooks: list[Path], parameters: dict) -> _Plan:
         """Raises ParameterError for a parameter no notebook declares or a value that does not convert."""
         sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
-        declared = {p: declared_parameters(nb) for p, nb in sources.items()}
+        declared = {p: parameter_defaults(p) for p in notebooks}
         unknown = [k for k in parameters if not any(k in d for d in declared.values())]
         if unknown:
             names = sorted({k for d in declared.values() for k in d})
             raise ParameterError(
                 f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}"
             )
-        converted = {p: convert_parameters(parameters, parameter_defaults(nb), p.name) for p, nb in sources.items()}
+        converted = {p: convert_parameters(parameters, declared[p], p.name) for p in notebooks}
         return cls(notebooks, parameters, sources, declared, converted)
 
     def params_for(self, path: Path, run_root: Path) -> dict:
