@@ -4,15 +4,27 @@ The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cm
 ``%launch`` magics (magics.py, rules in commands.py) after ``%load_ext nbtools``.
 
 Four parts, each importing only its own and those before it (README, "nbtools: the plumbing"):
-core (device, params, checks, proctree, errors), launch (session, magics, commands, launcher,
+core (device, params, checks, proctree), launch (session, magics, commands, launcher,
 guard, ps, machines), run (runner, kernels, report, teacher, doctor) and the
 lessons' helpers (bigmodel, ranks). Importing this package never imports torch.
 """
 
-from .checks import SEED_CHECKS, assert_matches, match, parse_kv, passed, skipped
+from .checks import (
+    SEED_CHECKS,
+    DeviceError,
+    LaunchError,
+    LaunchTimeout,
+    NbtoolsError,
+    OutputMismatch,
+    ParameterError,
+    assert_matches,
+    match,
+    parse_kv,
+    passed,
+    skipped,
+)
 from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
-from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
 from .launcher import Result, accelerate_launch, free_port, run_command
 from .params import cleanup, validate, work_dir
 from .session import Session, setup

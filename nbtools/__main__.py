@@ -1,5 +1,260 @@
+"""`python -m nbtools` and the `nbtools` command: a thin layer over the Python API, so tests, notebooks and terminals share one code path."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
 import sys
+import time
+from pathlib import Path
 
-from .cli import main
+from .checks import LaunchError, LaunchTimeout, NbtoolsError
 
-sys.exit(main())
+
+def _simulate(args) -> None:
+    """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
+    from .checks import ParameterError
+    from .device import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare
+
+    if not getattr(args, "simulate_npu", False):
+        knobs = [f for f, v in (("--npu-cards", getattr(args, "npu_cards", None)), ("--npu-soc", getattr(args, "npu_soc", None)))
+                 if v is not None]
+        if knobs:
+            raise ParameterError(f"{' and '.join(knobs)} describe the simulated NPU: add --simulate-npu")
+        return
+    import os
+
+    env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC)
+    os.environ.update(env)
+    prepare(env)
+
+
+def _cmd_launch(args) -> int:
+    from .launcher import accelerate_launch
+
+    _simulate(args)
+    try:
+        result = accelerate_launch(
+            args.script,
+            *args.args,
+            num_processes=args.num_processes,
+            mixed_precision=args.mixed_precision,
+            device=args.device,
+            timeout=args.timeout,
+            timeout_name="--timeout",
+            offline=not args.online,
+        )
+    except LaunchTimeout as exc:
+        print(f"\nnbtools launch: {exc}", file=sys.stderr)
+        return 124
+    except LaunchError as exc:
+        print(f"\nnbtools launch: {exc}", file=sys.stderr)
+        return exc.result.returncode if exc.result is not None and exc.result.returncode > 0 else 1
+    print(f"[nbtools] ok in {result.duration_s:.1f} s")
+    return 0
+
+
+def _cmd_run(args) -> int:
+    from . import report as report_mod
+    from .params import parse_params
+    from .runner import detect_for_kernel, discover, run_notebooks
+
+    params = parse_params(args.param)
+    notebooks = discover(args.notebooks)
+    _simulate(args)
+    out = Path(args.output) if args.output else Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S")
+    info = detect_for_kernel(args.kernel)  # the kernel's interpreter, not this one, is what the notebooks get
+    print(info.summary())
+    print(f"running {len(notebooks)} notebook(s) with kernel {args.kernel!r}; output: {out}")
+    rep = run_notebooks(
+        notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info
+    )
+    paths = report_mod.write_all(rep, out)
+    counts = report_mod.status_counts(rep)
+    for c in rep.checks:
+        if c.status != "passed":
+            print(f"  {c.status:>8}  {c.id}  ({c.notebook}) {c.reason}")
+    for n in rep.notebooks:
+        if n.status == "failed" and n.kernel_log:
+            print(f"  kernel log of {n.path}: {out / n.kernel_log}")
+    print(report_mod.summary_line(rep, counts))
+    print("report: " + ", ".join(str(p) for p in paths))
+    if rep.stopped_by:
+        return 128 + int(getattr(signal, rep.stopped_by))
+    return 0 if rep.ok else 1
+
+
+def _cmd_answers(args) -> int:
+    from .runner import detect_for_kernel, discover
+    from .teacher import run_answers
+
+    notebooks = discover(args.notebooks)
+    _simulate(args)
+    out = Path(args.output) if args.output else Path("nbtools-output") / "answers"
+    print(detect_for_kernel(args.kernel).summary())
+    print("each answer runs a copy of its lesson changed as the answer says; most answers make a check fail on "
+          "purpose, so 'failed' below is often what is expected: the verdicts are compared at the end")
+    answers = run_answers(notebooks, out, kernel=args.kernel, timeout=args.timeout)
+    for a in answers:
+        print(f"{'ok' if not a.problems else 'FAILED':>6}  {a.name}: {', '.join(f'{k} {v}' for k, v in a.spec['expect'].items())}")
+        for problem in a.problems:
+            print(f"          {problem}")
+    bad = [a for a in answers if a.problems]
+    print(f"{'FAILED' if bad else 'PASSED'}: {len(answers) - len(bad)}/{len(answers)} answers do what their text says; runs in {out}")
+    return 1 if bad or not answers else 0
+
+
+def _cmd_ps(args) -> int:
+    from .ps import main as ps_main
+
+    return ps_main(kill=args.kill, wanted=args.which)
+
+
+def _cmd_check(args) -> int:
+    from .runner import default_notebooks_dir
+    from .teacher import check_series
+
+    folder = Path(args.folder) if args.folder else default_notebooks_dir()
+    problems = check_series(folder)
+    for p in problems:
+        print(p)
+    print(f"{len(problems)} problem(s) in {folder}" if problems else f"notebooks in {folder} are clean")
+    return 1 if problems else 0
+
+
+def _cmd_reset(args) -> int:
+    from .teacher import reset
+
+    reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, find_links=args.find_links)
+    return 0
+
+
+def _cmd_doctor(args) -> int:
+    from .doctor import main as doctor_main
+
+    return doctor_main()
+
+
+def _cmd_detect(args) -> int:
+    from .device import detect
+
+    _simulate(args)
+    info = detect()
+    if args.json:
+        d = info.to_dict()
+        d["plan"] = info.plan(args.num_processes).__dict__
+        print(json.dumps(d, indent=2))
+    else:
+        print(info.summary())
+        print("plan: " + info.plan(args.num_processes).note)
+    return 0
+
+
+def _simulation_options() -> argparse.ArgumentParser:
+    from .device import DEFAULT_CARDS, DEFAULT_SOC, SOCS
+
+    sim = argparse.ArgumentParser(add_help=False)
+    g = sim.add_argument_group("simulated NPU (proves code paths and wiring on a CPU, never the hardware)")
+    g.add_argument(
+        "--simulate-npu",
+        action="store_true",
+        help="run on the repository's simulated Ascend NPU (simnpu/): torch_npu, torch.npu, hccl over gloo, npu-smi",
+    )
+    g.add_argument("--npu-cards", type=int, help=f"simulated cards on the host (default {DEFAULT_CARDS}); "
+                   "ASCEND_RT_VISIBLE_DEVICES selects among them as on a real host")
+    g.add_argument("--npu-soc", choices=SOCS, help=f"the simulated card (default {DEFAULT_SOC}; "
+                   "Ascend310P3 has no bf16)")
+    return sim
+
+
+def _notebook_run_options(p: argparse.ArgumentParser, default_output: str) -> None:
+    p.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
+    p.add_argument("--output", help=f"output dir (default: {default_output})")
+    p.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
+    p.add_argument(
+        "--kernel",
+        default="python3",
+        help="Jupyter kernel name, as `jupyter kernelspec list` shows it (ModelArts names kernels per engine); "
+        "the device is probed with that kernel's own interpreter",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m nbtools", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    sim = _simulation_options()
+
+    r = sub.add_parser("run", parents=[sim], help="execute notebooks with papermill and write report.json/report.md/junit.xml")
+    _notebook_run_options(r, "nbtools-output/<timestamp>")
+    r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
+    r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
+    r.set_defaults(func=_cmd_run)
+
+    la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")
+    la.add_argument("--num-processes", type=int, default=2)
+    la.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
+    la.add_argument("--device", default="auto", help="auto | npu | cuda | cpu")
+    la.add_argument("--timeout", type=float, default=600, help="seconds before the whole launch is stopped")
+    la.add_argument("--online", action="store_true", help="let Hugging Face reach the network")
+    la.add_argument("script")
+    la.add_argument("args", nargs=argparse.REMAINDER)
+    la.set_defaults(func=_cmd_launch)
+
+    an = sub.add_parser("answers", parents=[sim], help="apply every exercise answer that is code to its lesson, run it, "
+                        "and check that the checks say what the answer says")
+    _notebook_run_options(an, "nbtools-output/answers")
+    an.set_defaults(func=_cmd_answers)
+
+    c = sub.add_parser("check", help="hygiene of the committed notebooks (clean, tagged, no shell escapes)")
+    c.add_argument("folder", nargs="?")
+    c.set_defaults(func=_cmd_check)
+
+    rs = sub.add_parser("reset", help="between two workshop groups: stop nbtools' launches, remove notebooks/work/, "
+                        "put back the Accelerate requirements.txt asks for; says what it did")
+    rs.add_argument("folder", nargs="?", help="the notebooks' folder (default: notebooks/)")
+    rs.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
+    rs.add_argument("--find-links", metavar="WHEELHOUSE", help="reinstall Accelerate from this folder, with no index")
+    rs.set_defaults(func=_cmd_reset)
+
+    d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the quick-start's versions")
+    d.set_defaults(func=_cmd_doctor)
+
+    ps = sub.add_parser("ps", help="list launches nbtools started that are still running (--kill stops them)")
+    ps.add_argument("--kill", action="store_true", help="stop every listed launch with all its processes")
+    ps.add_argument(
+        "which", nargs="*", metavar="LAUNCH_ID_OR_PID", help="only these launches: an id, or a pid of one of its processes or of its starter (default: all)"
+    )
+    ps.set_defaults(func=_cmd_ps)
+
+    de = sub.add_parser("detect", parents=[sim], help="print what this machine is and how a real N-process group starts here")
+    de.add_argument("--json", action="store_true")
+    de.add_argument("--num-processes", type=int, default=2)
+    de.set_defaults(func=_cmd_detect)
+    return p
+
+
+def _tolerant_output() -> None:
+    """Print whatever a notebook said even where the terminal's encoding cannot (LANG=C, GBK)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError):
+            pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    _tolerant_output()
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except NbtoolsError as exc:
+        print(f"nbtools {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("nbtools: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -15,6 +15,8 @@ Compare an output with an expected block, using the quick-start's doc-test rules
 
 And ``parse_kv``: the ``key=value`` / ``key: value`` lines the quick-start's commands print
 (``[rankN]:`` prefixes removed). Version comparison lives in device.py.
+
+And the exceptions nbtools raises on purpose, each carrying what a learner needs to act on it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,35 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .errors import OutputMismatch, ParameterError
+# --- the errors nbtools raises on purpose ---
+
+class NbtoolsError(Exception):
+    """Base class for every error nbtools raises on purpose."""
+
+
+class DeviceError(NbtoolsError):
+    """The requested device is not here, or the setup to use it is broken."""
+
+
+class ParameterError(NbtoolsError, ValueError):
+    """A notebook or CLI parameter has a value that cannot work; says which and what is accepted."""
+
+
+class LaunchError(NbtoolsError):
+    """A launched command failed: non-zero exit, error marker in its output, or timeout."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class LaunchTimeout(LaunchError):
+    """The launched command ran past its timeout and was stopped with all its processes."""
+
+
+class OutputMismatch(NbtoolsError, AssertionError):
+    """An output did not match its expected block (the quick-start's `xxx` / `...` rules)."""
+
 
 # The quick-start's 12 checked commands, in order.
 SEED_CHECKS = (

@@ -22,8 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .checks import NbtoolsError, ParameterError
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
-from .errors import NbtoolsError, ParameterError
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
 CUDA_VAR = VISIBLE_VARS["cuda"]

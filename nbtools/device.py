@@ -39,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import DeviceError, ParameterError
+from .checks import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}

@@ -60,7 +60,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty
 
-from .errors import NbtoolsError
+from .checks import NbtoolsError
 
 # What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
 # reads NBTOOLS_UNATTENDED (a private temporary folder, removed at the end); the other two make

@@ -29,10 +29,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks import parse_kv
+from .checks import LaunchError, LaunchTimeout, parse_kv
 from .commands import executable
 from .device import CANN_FIX, DeviceInfo, LaunchPlan
-from .errors import LaunchError, LaunchTimeout
 from .params import validate
 from .proctree import GRACE, kill_now
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from . import commands
-from .errors import LaunchError, LaunchTimeout, ParameterError
+from .checks import LaunchError, LaunchTimeout, ParameterError
 from .launcher import Result, announce, benign_blocks, foreign_accelerate_vars, neutral_config, run_command, shell_line
 from .proctree import stop_from_top
 

@@ -22,8 +22,8 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import commands, session
+from .checks import LaunchError, ParameterError
 from .device import detect
-from .errors import LaunchError, ParameterError
 from .launcher import Result, launch, launch_spec, run_command
 
 DEFAULT_TIMEOUT_S = 600

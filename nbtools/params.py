@@ -18,8 +18,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .checks import DeviceError, ParameterError
 from .device import KINDS, DeviceInfo, detect
-from .errors import DeviceError, ParameterError
 
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
 
@@ -89,7 +89,7 @@ def unattended(environ=None) -> bool:
         parent = " ".join(psutil.Process(os.getppid()).cmdline())
     except Exception:  # psutil missing, or the parent is gone / not ours to read
         return False
-    return "papermill" in parent or "nbtools run" in parent or "nbtools.cli run" in parent
+    return "papermill" in parent or "nbtools run" in parent
 
 
 def notebook_stem(environ=None) -> str:

@@ -18,7 +18,7 @@ import time
 
 import psutil
 
-from .errors import LaunchTimeout
+from .checks import LaunchTimeout
 
 # The one grace period between SIGTERM and SIGKILL for everything nbtools stops (a launch's tree,
 # a run's kernel, leftovers found by `nbtools ps`): torch elastic's agent ends its workers in ~2 s.

@@ -62,8 +62,7 @@ from pathlib import Path
 import nbformat
 from packaging.requirements import Requirement
 
-from .checks import SEED_CHECKS, check_ids
-from .errors import ParameterError
+from .checks import SEED_CHECKS, ParameterError, check_ids
 from .runner import default_notebooks_dir
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)

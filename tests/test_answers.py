@@ -8,7 +8,7 @@ from __future__ import annotations
 import nbformat
 import pytest
 
-from nbtools.errors import ParameterError
+from nbtools import ParameterError
 from nbtools.runner import discover
 from nbtools.teacher import Answer, answer_blocks, apply, collect, judge
 

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nbtools import bigmodel, commands
-from nbtools.errors import NbtoolsError
+from nbtools import NbtoolsError, bigmodel, commands
 
 # The quick-start's dispatch program, as a notebook cell writes it (checkpoint: the work folder's copy).
 DISPATCH = '''python -c "

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 import nbtools
-from nbtools import commands, params, session
+from nbtools import LaunchError, ParameterError, commands, params, session
 from nbtools.commands import CHECK_TORCH, CHECK_TORCH_WITHOUT_NPU, CommandNotHere
 from nbtools.device import from_probe
-from nbtools.errors import LaunchError, ParameterError
 
 CPU = {"python": "3.12.1", "torch": "2.9.0"}
 NPU2 = {"python": "3.12.1", "torch": "2.9.0", "torch_npu": "2.9.0.post2", "cann": "9.1.0", "npu_available": True,

@@ -467,7 +467,7 @@ def test_ps_lists_a_marked_process_and_kill_stops_only_the_named_launch(tmp_path
         if child.poll() is None:
             child.kill()
             child.wait()
-    lazy = subprocess.run([sys.executable, "-c", "import sys, nbtools.cli; print('nbtools.ps' in sys.modules)"],
+    lazy = subprocess.run([sys.executable, "-c", "import sys, nbtools.__main__; print('nbtools.ps' in sys.modules)"],
                           capture_output=True, text=True, timeout=60)
     assert lazy.stdout.strip() == "False", lazy
 

@@ -19,9 +19,8 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
-from nbtools import device
+from nbtools import ParameterError, device
 from nbtools.device import SIMULATED, detect, from_probe
-from nbtools.errors import ParameterError
 from nbtools.session import NEEDS_REAL_NPU, Session
 
 SIM_NPU2 = {
