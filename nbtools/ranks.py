@@ -1,36 +1,17 @@
-"""The lines a launch's ranks print, read like the quick-start's `fuzzy='...'` expected blocks.
+"""What a launch's ranks print and hold, for notebooks 02 / 02b / 04-06.
 
-All ranks of an ``accelerate launch`` share one output pipe. Another rank's warning can land
-between the main process's lines, and torch elastic prefixes a failing rank's lines with
-``[rank1]:`` (``[default1]:`` with ``--tee``). ``keyed_lines`` keeps only the ``key=value`` lines
-an expected block speaks about, prefixes removed, in the order they came; ``assert_block``
-compares the block with exactly those lines, so a line printed twice (each process ran alone
-and thought it was the main one) is still a mismatch.
-
-``parse_kv`` (checks.py) strips the same prefixes when it reads ``key=value`` pairs.
-
-Pictures of what each rank holds, drawn with matplotlib from a run's own numbers.
-
-- ``draw_collectives``: what every rank holds before a collective, after all-gather (what
-  ``gather_for_metrics`` / ``gather`` do) and after all-reduce with a sum (``accelerator.reduce``).
-- ``draw_rank_step_grid``: rank x step, every sample a rank evaluated, the padding that
-  ``gather_for_metrics`` drops marked (see ``padding_marks`` below).
-
-matplotlib is imported when a picture is drawn, never when nbtools is imported.
-
-Which samples each rank evaluated, and which of them are the padding ``gather_for_metrics`` drops.
-
-A worker script prints, per rank, the sample indices of every step (``steps[rank][step]`` =
-that rank's batch at that step, padding included; e.g. from ``gather_object([steps])``).
-``accelerator.gather`` concatenates the ranks' batches step by step, in rank order; with a
-prepared DataLoader (``even_batches=True``) the samples past the dataset's ``n`` in that order
-are the repeats that fill the last round, and ``gather_for_metrics`` drops exactly those.
+- ``keyed_lines`` / ``assert_block``: the ``key=value`` lines an expected block speaks about, with
+  torch elastic's ``[rank1]:`` / ``[default1]:`` prefixes removed, compared line for line; another
+  rank's warning between them does not matter, a line printed twice (each process ran alone) does.
+- ``padding_marks``: which samples of ``steps[rank][step]`` (each rank's batches) are the repeats
+  that fill the last round; ``gather_for_metrics`` drops exactly those.
+- ``draw_collectives`` / ``draw_rank_step_grid``: matplotlib pictures of what every rank holds
+  around all-gather and all-reduce, and of who evaluated which sample (imported when drawn).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 from .checks import ANY_LINES, RANK_PREFIX, assert_matches
 
@@ -169,17 +150,6 @@ def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
     return fig
 
 
-def gather_order(steps: list[list[list[int]]]) -> list[int]:
-    """The indices in the order ``accelerator.gather`` returns them: step by step, ranks in order."""
-    n_steps = max((len(rank_steps) for rank_steps in steps), default=0)
-    out: list[int] = []
-    for s in range(n_steps):
-        for rank_steps in steps:
-            if s < len(rank_steps):
-                out += list(rank_steps[s])
-    return out
-
-
 def padding_marks(steps: list[list[list[int]]], n: int) -> list[list[list[bool]]]:
     """Same shape as ``steps``: True where the sample sits at position >= ``n`` in the gathered order."""
     n_steps = max((len(rank_steps) for rank_steps in steps), default=0)
@@ -192,35 +162,3 @@ def padding_marks(steps: list[list[list[int]]], n: int) -> list[list[list[bool]]
                     marks[rank][s][j] = position >= n
                     position += 1
     return marks
-
-
-@dataclass
-class Shards:
-    real: list[list[int]]  # per rank: the samples that count, in the order the rank saw them
-    padding: list[list[int]]  # per rank: the repeats gather_for_metrics drops
-
-    @property
-    def all_real(self) -> list[int]:
-        return [i for part in self.real for i in part]
-
-    @property
-    def all_padding(self) -> list[int]:
-        return [i for part in self.padding for i in part]
-
-    def overlaps(self) -> dict[tuple[int, int], set[int]]:
-        """Pairs of ranks whose real samples share indices (empty when the shards are disjoint)."""
-        out = {}
-        for a in range(len(self.real)):
-            for b in range(a + 1, len(self.real)):
-                common = set(self.real[a]) & set(self.real[b])
-                if common:
-                    out[(a, b)] = common
-        return out
-
-
-def split_shards(steps: list[list[list[int]]], n: int) -> Shards:
-    """Each rank's samples, split into the real ones and the padding (see ``padding_marks``)."""
-    marks = padding_marks(steps, n)
-    real = [[i for batch, m in zip(rs, ms) for i, pad in zip(batch, m) if not pad] for rs, ms in zip(steps, marks)]
-    padding = [[i for batch, m in zip(rs, ms) for i, pad in zip(batch, m) if pad] for rs, ms in zip(steps, marks)]
-    return Shards(real, padding)
