@@ -134,14 +134,13 @@ def defaults(path: Path) -> dict:
 def terminal_line(kind: str, text: str, info, device: str, num_processes: int, cwd: Path) -> str | None:
     """The command line a cell prints for ``%cmd``/``%launch`` ``text`` (``$ ...``, or ``# runs here as:``
     when this machine needs another): what a learner pastes into a terminal. None: not on this machine."""
-    written = commands.parse(text)
     if kind == "cmd":
         try:
-            real = commands.command_here(written, info, device)
+            real = commands.command_here(commands.parse(text), info, device)
         except commands.CommandNotHere:  # npu-smi off an Ascend host: the notebook skips it too
             return None
         return commands.shown(real.argv, real.env)
-    call = commands.parse_launch(written, default_processes=num_processes)
+    call = commands.parse_launch(text, default_processes=num_processes)
     spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes,
                        mixed_precision=call.mixed_precision, device=device, timeout=None, env=call.env or None,
                        extra_flags=tuple(call.extra_flags), cwd=cwd, info=info)  # writes the --config_file it names

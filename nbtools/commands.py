@@ -301,10 +301,35 @@ class LaunchCall:
     extra_flags: list[str]
     env: dict[str, str]  # written variables other than the visible-devices ones
     written_visible: str | None
+    written: WrittenCommand  # the whole command as written: its options (--timeout, --background, ...)
+
+    def why(self, plan: LaunchPlan, info: DeviceInfo) -> str:
+        """One line: why the real launch differs from the written one on this machine."""
+        n = plan.num_processes
+        if plan.fallback:
+            return (f"{n} processes asked but only {info.count} {info.kind.upper()} device(s) visible: CPU 代跑 "
+                    f"(ACCELERATE_USE_CPU=1 + --multi_gpu, a real {n}-rank gloo group); hccl/nccl are not exercised")
+        if plan.kind == "cpu":
+            if n == 1:
+                return "no NPU here: one process on the CPU (--cpu)"
+            return (f"no NPU here: on a CPU `accelerate launch --num_processes {n}` starts ONE process; "
+                    f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group")
+        parts = []
+        if plan.kind == "cuda":
+            parts.append(f"CUDA here: {CUDA_VAR} instead of {ASCEND_VAR}")
+        var = VISIBLE_VARS[plan.kind]
+        if self.written_visible is not None and self.written_visible != plan.env.get(var):
+            parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
+        if n > 1:
+            parts.append("a free rendezvous port instead of 29500")
+        parts.append("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
+                     "`accelerate config` file of yours changes the run")
+        return "; ".join(parts)
 
 
-def parse_launch(written: WrittenCommand, default_processes: int = 1) -> LaunchCall:
-    """Split ``[ENV=..] accelerate launch [flags] script [args]`` (the quick-start's core command)."""
+def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
+    """Split ``[OPTIONS] [ENV=..] accelerate launch [flags] script [args]`` (the quick-start's core command)."""
+    written = parse(text)
     argv = written.argv
     if argv[:2] != ["accelerate", "launch"]:
         raise ParameterError(
@@ -344,28 +369,5 @@ def parse_launch(written: WrittenCommand, default_processes: int = 1) -> LaunchC
     env = dict(written.env)
     visible = env.pop(ASCEND_VAR, None)
     visible = env.pop(CUDA_VAR, visible)
-    return LaunchCall(words[i], words[i + 1 :], num_processes, flags.get("--mixed_precision") or "no", extra, env, visible)
-
-
-def launch_why(call: LaunchCall, plan: LaunchPlan, info: DeviceInfo) -> str:
-    """One line: why the real launch differs from the written one on this machine."""
-    n = plan.num_processes
-    if plan.fallback:
-        return (f"{n} processes asked but only {info.count} {info.kind.upper()} device(s) visible: CPU 代跑 "
-                f"(ACCELERATE_USE_CPU=1 + --multi_gpu, a real {n}-rank gloo group); hccl/nccl are not exercised")
-    if plan.kind == "cpu":
-        if n == 1:
-            return "no NPU here: one process on the CPU (--cpu)"
-        return (f"no NPU here: on a CPU `accelerate launch --num_processes {n}` starts ONE process; "
-                f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group")
-    parts = []
-    if plan.kind == "cuda":
-        parts.append(f"CUDA here: {CUDA_VAR} instead of {ASCEND_VAR}")
-    var = VISIBLE_VARS[plan.kind]
-    if call.written_visible is not None and call.written_visible != plan.env.get(var):
-        parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
-    if n > 1:
-        parts.append("a free rendezvous port instead of 29500")
-    parts.append("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
-                 "`accelerate config` file of yours changes the run")
-    return "; ".join(parts)
+    return LaunchCall(words[i], words[i + 1 :], num_processes, flags.get("--mixed_precision") or "no", extra, env, visible,
+                      written)

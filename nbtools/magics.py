@@ -118,10 +118,10 @@ def run_written(text: str) -> Result:
 
 def run_launch(text: str) -> Result:
     """``%launch``: a written ``accelerate launch`` run with this machine's launch plan."""
-    written = commands.parse(text)
-    info, device, timeout, timeout_name = _context()
     s = session.current()
-    call = commands.parse_launch(written, default_processes=s.num_processes if s else 1)
+    call = commands.parse_launch(text, default_processes=s.num_processes if s else 1)
+    written = call.written
+    info, device, timeout, timeout_name = _context()
     timeout = written.timeout or timeout
     try:
         spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes,
@@ -134,7 +134,7 @@ def run_launch(text: str) -> Result:
             check=not written.allow_fail,
             offline=not written.online,
             written=written.text,
-            why=commands.launch_why(call, spec.plan, info),
+            why=call.why(spec.plan, info),
             background=written.background,
         )
     except LaunchError as exc:

@@ -97,31 +97,31 @@ def test_the_rewritten_check_torch_is_the_same_program_asking_cuda():
 
 
 def test_parse_launch_splits_flags_script_and_args():
-    w = commands.parse(
-        "ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL_CONNECT_TIMEOUT=600 accelerate launch --num_processes 3 "
+    call = commands.parse_launch(
+        "--timeout 30 ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL_CONNECT_TIMEOUT=600 accelerate launch --num_processes 3 "
         "--mixed_precision=bf16 --multi_gpu --gradient_accumulation_steps 2 --debug train_npu.py --steps 5"
     )
-    call = commands.parse_launch(w)
     assert (call.script, call.script_args) == ("train_npu.py", ["--steps", "5"])
     assert (call.num_processes, call.mixed_precision) == (3, "bf16")
     assert call.extra_flags == ["--gradient_accumulation_steps", "2", "--debug"]
     assert call.env == {"HCCL_CONNECT_TIMEOUT": "600"} and call.written_visible == "0,1"
-    assert commands.parse_launch(commands.parse("accelerate launch t.py"), default_processes=2).num_processes == 2
+    assert call.written.timeout == 30 and call.written.text.startswith("ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL")
+    assert commands.parse_launch("accelerate launch t.py", default_processes=2).num_processes == 2
     with pytest.raises(ParameterError, match="use %cmd"):
-        commands.parse_launch(commands.parse("python t.py"))
+        commands.parse_launch("python t.py")
     with pytest.raises(ParameterError, match="needs a script"):
-        commands.parse_launch(commands.parse("accelerate launch --num_processes 2"))
+        commands.parse_launch("accelerate launch --num_processes 2")
 
 
 def test_launch_why_names_the_reason_of_each_machine():
-    call = commands.parse_launch(commands.parse("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py"))
-    cpu = commands.launch_why(call, info(CPU).plan(2), info(CPU))
+    call = commands.parse_launch("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py")
+    cpu = call.why(info(CPU).plan(2), info(CPU))
     assert "starts ONE process" in cpu and "ACCELERATE_USE_CPU=1 + --multi_gpu" in cpu
-    fallback = commands.launch_why(call, info(NPU1).plan(2), info(NPU1))
+    fallback = call.why(info(NPU1).plan(2), info(NPU1))
     assert "CPU 代跑" in fallback and "only 1 NPU" in fallback
-    npu = commands.launch_why(call, info(NPU2).plan(2), info(NPU2))
+    npu = call.why(info(NPU2).plan(2), info(NPU2))
     assert "free rendezvous port instead of 29500" in npu and "defaults given explicitly" in npu
-    assert "CUDA_VISIBLE_DEVICES" in commands.launch_why(call, info(CUDA2).plan(2), info(CUDA2))
+    assert "CUDA_VISIBLE_DEVICES" in call.why(info(CUDA2).plan(2), info(CUDA2))
 
 
 def test_shown_keeps_a_program_readable():
