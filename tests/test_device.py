@@ -146,29 +146,6 @@ def test_unwritable_work_dir_is_a_parameter_error(tmp_path):
         nbtools.work_dir(str(blocker / "sub"))
 
 
-def test_default_work_dir_is_private_and_removed_by_cleanup():
-    import os
-    import stat
-
-    import nbtools
-
-    wd = nbtools.work_dir("")
-    assert stat.S_IMODE(os.stat(wd).st_mode) == 0o700
-    nbtools.cleanup(wd)
-    assert not wd.exists()
-
-
-def test_an_existing_work_dir_is_never_removed(tmp_path):
-    import nbtools
-
-    (tmp_path / "mine.txt").write_text("the learner's file")
-    wd = nbtools.work_dir(str(tmp_path))
-    assert "left in place" in nbtools.cleanup(wd)
-    assert (tmp_path / "mine.txt").exists()
-    fresh = nbtools.work_dir(str(tmp_path / "new"))
-    assert "removed" in nbtools.cleanup(fresh) and not fresh.exists()
-
-
 def test_doctor_holds_python_to_the_floor_the_package_declares(monkeypatch):
     """The floor is pyproject's requires-python (the lowest Python CI runs), read from the installed metadata."""
     import sys

@@ -142,12 +142,13 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     )
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
+    monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "true")  # `accelerate launch` sets it only with --debug: an exported one would reach the ranks
     plan = nbtools.detect().plan(2)
     result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False)
     assert result.kv["world"] == str(plan.num_processes)
     assert result.kv["distributed_type"] == plan.distributed_type
     assert result.kv["backend"] == str(plan.backend)
-    assert result.kv["debug_mode"] == "unset", "the user's `debug: true` reached the ranks"
+    assert result.kv["debug_mode"] == "unset", "the user's `debug: true` or exported ACCELERATE_DEBUG_MODE reached the ranks"
     assert result.kv["visible"] == plan.env.get(str(nbtools.detect().visible_var), "unset"), result.kv
     # The same launch reading the user's config is a different launch: the fixture really bites.
     leaked = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False, check=False, isolate_config=False)

@@ -196,6 +196,11 @@ def test_ps_lists_a_leftover_launch_and_kill_stops_it(kernel, tmp_path):
     # Stop only this test's launch (other launches on this machine are not ours to kill), by one of its pids.
     ours = [g for g in nbtools.ps.find() if {p.pid for p in g.processes} & {p.pid for p in procs}]
     assert len(ours) == 1 and ours[0].starter_alive
+    # Naming a launch selects it alone; another id lists nothing.
+    only = subprocess.run([sys.executable, "-m", "nbtools", "ps", ours[0].id], capture_output=True, text=True, timeout=60)
+    assert f"launch {ours[0].id}: started by pid" in only.stdout and "1 launch(es) still running" in only.stdout, only.stdout
+    other = subprocess.run([sys.executable, "-m", "nbtools", "ps", f"not-{ours[0].id}"], capture_output=True, text=True, timeout=60)
+    assert "no launch started by nbtools is running" in other.stdout, other.stdout
     stopped = subprocess.run(
         [sys.executable, "-m", "nbtools", "ps", "--kill", str(procs[-1].pid)], capture_output=True, text=True, timeout=60
     )

@@ -141,3 +141,9 @@ def test_only_proctree_and_the_guardian_send_stop_signals():
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STOP_CALLS:
                 senders.append(f"{name}.py:{node.lineno} .{node.func.attr}()")
     assert not senders, "stop processes through nbtools.proctree:\n" + "\n".join(senders)
+
+
+def test_the_command_line_imports_a_commands_module_only_when_it_is_asked_for():
+    lazy = subprocess.run([sys.executable, "-c", "import sys, nbtools.__main__; print('nbtools.ps' in sys.modules)"],
+                          capture_output=True, text=True, timeout=60)
+    assert lazy.stdout.strip() == "False", lazy

@@ -4,6 +4,7 @@ the rewrite rules of commands.py, and the session's work-folder rules."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 import textwrap
 from pathlib import Path
@@ -255,11 +256,12 @@ def test_setup_unattended_uses_a_temp_folder_removed_by_close(tmp_path, monkeypa
     monkeypatch.setattr(session, "unattended", lambda: True)
     S = nbtools.setup(info=info(CPU), echo=False)
     assert Path.cwd() == S.work and not S.work.is_relative_to(tmp_path) and S.work.exists()
+    assert stat.S_IMODE(os.stat(S.work).st_mode) == 0o700  # private: others on a shared machine cannot read it
     S.close()
     assert not S.work.exists() and Path.cwd() == tmp_path and session.current() is None
 
 
-def test_setup_with_an_existing_work_dir_never_removes_it(tmp_path, monkeypatch):
+def test_setup_with_an_existing_work_dir_never_removes_it(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     mine = tmp_path / "mine"
     mine.mkdir()
@@ -267,7 +269,7 @@ def test_setup_with_an_existing_work_dir_never_removes_it(tmp_path, monkeypatch)
     S = nbtools.setup(work_dir=str(mine), info=info(CPU), echo=False)
     assert S.work == mine
     S.close()
-    assert (mine / "notes.txt").exists()
+    assert (mine / "notes.txt").exists() and "left in place" in capsys.readouterr().out
     S = nbtools.setup(work_dir=str(tmp_path / "new"), keep_work_dir=False, info=info(CPU), echo=False)
     S.close()
     assert not (tmp_path / "new").exists()  # made by nbtools, not kept: removed

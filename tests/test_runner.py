@@ -7,7 +7,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -434,42 +433,6 @@ def test_kernel_probe_uses_the_kernels_interpreter_fake_torch(tmp_path):
     assert report["device"]["versions"]["torch"] == "0.0.1+kerneltest", proc.stdout + proc.stderr
     assert "kernel torch=0.0.1+kerneltest" in text
     assert "torch 0.0.1+kerneltest" in proc.stdout and report["kernel"] == "other"
-
-
-def test_ps_lists_a_marked_process_and_kill_stops_only_the_named_launch(tmp_path):
-    """`python -m nbtools ps [--kill] [ID|PID ...]` for real: a process carrying the launch mark (as
-    every process of a launch does) is listed; naming another launch lists nothing, naming this one
-    lists only it, and `--kill` with its id stops it. Other launches on this machine are not ours:
-    nothing here runs `--kill` before the listing proved that the id selects this launch alone.
-    The CLI imports nbtools.ps only when `ps` is asked for."""
-    from nbtools.launcher import MARKER_ENV
-
-    launch_id = f"test-{uuid.uuid4().hex[:12]}"
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"],
-                             env=dict(os.environ, **{MARKER_ENV: f"{launch_id}:{os.getpid()}"}))
-
-    def ps(*args) -> str:
-        proc = subprocess.run([sys.executable, "-m", "nbtools", "ps", *args], capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stdout + proc.stderr
-        return proc.stdout
-
-    try:
-        ours = f"launch {launch_id}: started by pid {os.getpid()}, which is still running"
-        listing = ps()
-        assert ours in listing and f"{child.pid:>7}" in listing, listing
-        assert "no launch started by nbtools is running" in ps(f"not-{launch_id}")
-        only = ps(launch_id)
-        assert ours in only and "1 launch(es) still running (1 process(es))" in only, only
-        stopped = ps("--kill", launch_id)
-        assert "stopped 1 process(es) of 1 launch(es)" in stopped, stopped
-        assert child.wait(timeout=10) == -signal.SIGTERM
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
-    lazy = subprocess.run([sys.executable, "-c", "import sys, nbtools.__main__; print('nbtools.ps' in sys.modules)"],
-                          capture_output=True, text=True, timeout=60)
-    assert lazy.stdout.strip() == "False", lazy
 
 
 def test_a_relative_output_dir_works_from_any_cwd(tmp_path):
