@@ -5,11 +5,12 @@ A notebook cell shows the quick-start's command exactly (``python ...``, ``uv pi
 (another interpreter on PATH, no NPU, no ``uv``), so each rule below rewrites one thing and says
 why in one line. Only these rules exist: there is no general rewriter.
 
-- ``parse``: options (``--timeout S``, ``--allow-fail``, ``--online``), ``NAME=VALUE`` prefixes, argv;
+- ``parse``: options (``--timeout S``, ``--allow-fail``, ``--online``, ``--background``), ``NAME=VALUE`` prefixes, argv;
   a command may span lines (quotes over newlines, backslash-newline continuations).
 - ``command_here``: the real argv/env of a command (``%cmd``).
 - ``dispatch_rule``: the quick-start's dispatch program (``python -c``) with its two devices on this machine.
-- ``launch_call``: the real ``accelerate launch`` of a written one (``%launch``), via the launch plan.
+- ``parse_launch``: a written ``accelerate launch`` split into script, flags and variables (``%launch``);
+  ``LaunchCall.why``: one line on why the launch that runs here (launcher.launch_spec) differs.
 """
 
 from __future__ import annotations

@@ -1,49 +1,23 @@
-"""The runner's kernels: a fresh one per notebook, started one notebook ahead.
+"""The runner's kernels, and a kernel spec that loads CANN.
 
-A kernel takes about 0.6 s to start (its interpreter, ipykernel, the first handshake), and a
-notebook that draws spends about 0.4 s more importing matplotlib. The runner starts notebook
-N+1's kernel when notebook N starts, so that it boots while N runs, and a kernel started ahead
-imports ``matplotlib.pyplot`` as it boots (``IPKernelApp.exec_lines``; no name is bound in the
-notebook's namespace). Nothing of the notebook runs before its first cell: the kernel started in
-the notebook's folder, with the runner's environment plus KERNEL_ENV and the run's own variables.
+A fresh kernel per notebook, started one notebook ahead: notebook N+1's kernel boots (about 0.6 s,
+plus 0.4 s importing ``matplotlib.pyplot`` through ``IPKernelApp.exec_lines``, binding no name) while
+notebook N runs, in N+1's folder, with the runner's environment plus KERNEL_ENV and the run's own
+variables. Papermill gets the started manager (``execute_notebook(km=...)``); nbclient shuts down only
+the managers it made, so ``KernelsAhead.close`` shuts each notebook's kernel down (idle: request_shutdown,
+finish_shutdown, cleanup_resources, which log no "KeyboardInterrupt caught in kernel"; busy:
+``shutdown_kernel(now=True)``) and ``KernelsAhead`` shuts down at its end the kernels no notebook used.
+All of it is jupyter_client's public API. ``runner_kernel_client`` does not wait for jupyter_client's
+0.2 s of IOPub silence once the kernel answered: nbclient takes from IOPub only what answers its cell.
 
-Papermill is handed the started manager (``execute_notebook(km=...)``, passed on to nbclient's
-``NotebookClient``). nbclient shuts down only a manager it created itself, so `KernelsAhead.close`
-shuts each notebook's kernel down, and `KernelsAhead` (a context manager) shuts down at its end
-the kernels started ahead that no notebook used (the run stopped).
-
-Everything here is jupyter_client's public API: ``start_kernel(env=, stdout=, stderr=, cwd=,
-extra_arguments=)``, which the provisioner passes on to the launch; ``request_shutdown``,
-``finish_shutdown`` and ``cleanup_resources`` for an idle kernel (``shutdown_kernel`` sends SIGINT
-first, and an idle ipykernel logs "KeyboardInterrupt caught in kernel" when it lands in a message
-handler); ``shutdown_kernel(now=True)`` for a kernel whose cell still runs (a timeout, a stop
-signal): interrupted, then killed, as nbclient's ``shutdown_kernel="immediate"`` does.
-
-The client connecting to a kernel (`runner_kernel_client`) is jupyter_client's, except that once
-the kernel answered, it does not wait for 0.2 s of silence on IOPub (jupyter_client's "flush"):
-nbclient takes from IOPub only the messages that answer the cell it runs.
-
-A Jupyter kernel spec that loads CANN: ``env`` in kernel.json instead of "source set_env.sh, restart JupyterLab".
-
-When a platform (ModelArts, a JupyterHub) starts JupyterLab for you, no shell of yours runs before it, so
-``source .../set_env.sh`` cannot reach the kernels. A kernel spec can: Jupyter starts the kernel with the
-server's environment updated by the spec's ``env``. This module builds that ``env`` from what a
-``set_env.sh`` really changes:
-
-- ``sourced_env(script)``: the environment of ``bash`` before and after ``source script``;
-- ``env_diff(before, after)``: the variables the script set or changed. A list variable the script only
-  extended (``PATH=/new:$PATH``) keeps a ``${PATH}`` reference, which jupyter_client >= 7 fills from the
-  server's environment at kernel start, so the kernel still sees the server's own PATH;
-- ``kernel_json(env, python)``: the kernel.json dict asked for; ``from_set_env(script)`` does all three;
-- ``install(spec, name, prefix)``: the kernel's own interpreter installs it with its ipykernel
-  (``ipykernel.kernelspec.install(env=...)``, in ipykernel 6.29 and 7), as ``python -m ipykernel install
-  --env NAME VALUE`` would: ``<the user's Jupyter data dir>/kernels/<name>/``, or with a prefix
-  ``<prefix>/share/jupyter/kernels/<name>/`` (found by Jupyter when ``<prefix>/share/jupyter`` is listed in
-  ``JUPYTER_PATH``, or when the prefix is the Jupyter server's own ``sys.prefix``).
-
-In a terminal: ``python -m nbtools.kernels --name cann`` (this machine's CANN set_env.sh: ``cann/`` of
-CANN 8.5 and later, or ``ascend-toolkit/``; see device.cann_set_env), or name the script:
-``python -m nbtools.kernels /usr/local/Ascend/cann/set_env.sh --name cann``.
+The kernel spec: on ModelArts or a JupyterHub no shell of yours runs before JupyterLab, so ``source
+set_env.sh`` cannot reach the kernels, but a kernel spec's ``env`` can. ``sourced_env`` and ``env_diff``
+find what a ``set_env.sh`` really changes (a list it only extended keeps ``${PATH}``, which
+jupyter_client >= 7 fills from the server's environment); ``kernel_json`` / ``from_set_env`` build the
+spec; ``install`` has the kernel's own interpreter install it with ipykernel
+(``ipykernel.kernelspec.install(env=...)``), into the user's Jupyter data dir or
+``<prefix>/share/jupyter/kernels/<name>/``. In a terminal: ``python -m nbtools.kernels --name cann``
+(this machine's set_env.sh, see device.cann_set_env) or ``python -m nbtools.kernels SCRIPT --name cann``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """`python -m nbtools check`: the notebooks are committed clean and tagged right.
 
-Rules: valid nbformat 4; no outputs, execution counts or papermill metadata; kernelspec
-`python3`; exactly one `parameters` cell; `import nbtools` before the first `nbtools.`; every exercise
-under '## 练习' followed by its collapsed hint and answer (`<summary>提示</summary>`, `<summary>答案</summary>`); no `!cmd` / `%pip` / `%%bash` (their failures do
-not fail a run: use nbtools.run); every quick-start check id tagged (`check:<id>`) on exactly one
-code cell across the series, and that cell prints its verdict with passed()/skipped().
+Rules: valid nbformat 4 (4.5: every cell has an id); no outputs, execution counts or papermill
+metadata; kernelspec `python3`; exactly one `parameters` cell; `import nbtools` before the first
+`nbtools.`; every exercise under '## 练习' followed by its collapsed hint and answer
+(`<summary>提示</summary>`, `<summary>答案</summary>`); no `!cmd` / `%pip` / `%%bash` (their failures
+do not fail a run: use `%cmd` or nbtools.run_command); every quick-start check id tagged (`check:<id>`)
+on exactly one code cell across the series, and that cell prints its verdict with passed()/skipped().
 
 Run the exercise answers that are code, and check that each still does what its text says.
 
@@ -86,7 +87,7 @@ def _cell_problems(where: str, cell, claims: dict[str, list[str]]) -> list[str]:
     m = _SHELL.search(cell.source)
     if m:
         problems.append(
-            f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use nbtools.run_command([...])"
+            f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use %cmd or nbtools.run_command([...])"
         )
     for cid in ids:
         claims.setdefault(cid, []).append(where)
