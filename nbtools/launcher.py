@@ -73,14 +73,18 @@ NEUTRAL_CONFIG = {
     "gpu_ids": "all",
 }
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
-# A Python warning ("<file>.py:<line>: <Category>Warning: ...") that one rank writes between another rank's
-# text and its newline (unbuffered, print() writes the two separately) lands in the middle of that line:
-# `epoch=3 train_loss=0.0898/.../c10d_logger.py:83: FutureWarning: ...`. It is put back on a line of its own.
-_WARNING_START = re.compile(r"(?:/|[A-Za-z]:\\)[^\s:]*\.py:\d+: \w*Warning: ")
+# A warning that one rank writes between another rank's text and its newline (unbuffered, print() writes
+# the two separately) lands in the middle of that line: `epoch=3 train_loss=0.0898/.../c10d_logger.py:83:
+# FutureWarning: ...`. It is put back on a line of its own. Two kinds: Python's ("<file>.py:<line>:
+# <Category>Warning: ") and torch's C++ log lines ("[rank1]:[W1201 23:22:48.794764329 logger.cpp:329] ").
+_WARNING_START = re.compile(
+    r"(?:/|[A-Za-z]:\\)[^\s:]*\.py:\d+: \w*Warning: "
+    r"|(?:\[(?:rank|default)\d+\]:)?\[[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d* *[\w./-]+:\d+\] "
+)
 
 
 def unglue_warning(line: str) -> str:
-    """``line`` with a Python warning glued into its middle moved onto a line of its own."""
+    """``line`` with a warning glued into its middle moved onto a line of its own."""
     m = _WARNING_START.search(line)
     if m is None or m.start() == 0 or line[m.start() - 1].isspace():
         return line

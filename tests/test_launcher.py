@@ -18,6 +18,7 @@ from conftest import processes_mentioning, wait_gone
 
 import nbtools
 from nbtools import LaunchError, LaunchTimeout, launcher
+from nbtools.launcher import unglue_warning
 
 WORKER = textwrap.dedent(
     """
@@ -210,6 +211,15 @@ def test_a_warning_written_into_another_ranks_line_is_put_on_its_own(python):
     r = nbtools.run_command([python, "-c", program], echo=False)
     assert r.kv["train_loss"] == "0.0898", r.output
     assert "\n/venv/torch/distributed/c10d_logger.py:83: FutureWarning: deprecated\n" in r.output
+
+
+@pytest.mark.parametrize("warning", [
+    "[rank1]:[W1201 23:22:48.794764329 logger.cpp:329] Warning: Time stats are currently only collected for CPU",
+    "[W1201 04:10:11.123000 1234 torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:512] Warning: slow",
+])
+def test_torchs_cpp_warning_written_into_another_ranks_line_is_put_on_its_own(warning):
+    assert unglue_warning(f"device=npu final_loss=0.8119{warning}") == f"device=npu final_loss=0.8119\n{warning}"
+    assert unglue_warning(warning) == warning and unglue_warning(f"x {warning}") == f"x {warning}"
 
 
 def test_output_streams_while_the_command_runs(python, tmp_path, capsys):
