@@ -1,9 +1,15 @@
-"""Shared fixtures: a scratch dir per test, and a helper that lists surviving processes."""
+"""Shared fixtures: a scratch dir per test, a helper that lists surviving processes, and the lock that lets
+two pytest-xdist workers share this machine."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
 
 import psutil
@@ -63,3 +69,60 @@ def skip_outside_ci(why: str) -> None:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+# The suite runs in two processes (pytest-xdist, `-n auto` in pyproject.toml): most tests wait on real
+# processes (ranks, kernels, grace periods) far more than they compute. A test that stops every nbtools
+# launch on the machine (`nbtools reset`) is marked `alone` and holds this lock exclusively; every other
+# test holds it shared (a run of the whole series too, unless it cannot have namespaces of its own: see
+# `on_its_own`).
+MACHINE_LOCK = os.path.join(tempfile.gettempdir(), f"nbtools-tests-{os.getuid()}.lock")
+
+
+@contextlib.contextmanager
+def machine(exclusive: bool = False):
+    with open(MACHINE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(autouse=True)
+def _share_the_machine(request):
+    with machine(exclusive=request.node.get_closest_marker("alone") is not None):
+        yield
+
+
+def isolated_prefix() -> list[str]:
+    """A command prefix that runs its command with no network but loopback (a new network namespace)
+    and seeing only its own processes (a new pid namespace), or [] where this machine does not allow
+    it (not root, no unshare). The shell stays as the namespace's first process, reaping orphans."""
+    isolate = ["unshare", "-n", "-p", "-f", "--mount-proc"]
+    if not (shutil.which("unshare") and shutil.which("ip")):
+        return []
+    if subprocess.run([*isolate, "true"], capture_output=True).returncode != 0:
+        return []
+    return [*isolate, "sh", "-c", 'ip link set lo up && "$@"', "sh"]
+
+
+@contextlib.contextmanager
+def on_its_own():
+    """``isolated_prefix()`` for a run of 00_ascend_jupyterlab, which lists every launch left on the machine (a
+    lifecycle test's launch may be ending meanwhile); where there is none, the run holds the machine alone."""
+    prefix = isolated_prefix()
+    with machine(exclusive=not prefix):
+        yield prefix
+
+
+def pytest_xdist_auto_num_workers(config) -> int:
+    """`-n auto`: two workers at most; every test starts real processes, and more would only queue for the CPU."""
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def pytest_collection_modifyitems(items) -> None:
+    """The offline series run first (the longest file: the other worker takes the rest meanwhile), the `alone`
+    tests' files last (they wait for every running test, the series run included)."""
+    alone = {item.path for item in items if item.get_closest_marker("alone")}
+    items.sort(key=lambda item: 0 if item.path.name == "test_notebooks.py" else 2 if item.path in alone else 1)

@@ -12,7 +12,7 @@ from importlib import metadata
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, skip_outside_ci
+from conftest import NOTEBOOKS, on_its_own, skip_outside_ci
 from packaging.version import Version
 
 from nbtools.checks import SEED_CHECKS
@@ -62,10 +62,11 @@ def test_doctor_names_the_cause_and_the_fix(broken_env):
 
 def test_run_stops_at_the_first_cell_and_marks_the_rest_not_run(broken_env, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
-        env=broken_env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )
+    with on_its_own() as prefix:
+        proc = subprocess.run(
+            [*prefix, sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
+            env=broken_env, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+        )
     assert proc.returncode == 1, proc.stdout
     report = json.loads((out / "report.json").read_text())
     notebooks = report["notebooks"]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT, skip_outside_ci, without_offline_env
+from conftest import NOTEBOOKS, ROOT, isolated_prefix, on_its_own, skip_outside_ci, without_offline_env
 
 from nbtools import detect
 from nbtools.checks import SEED_CHECKS, check_ids
@@ -22,36 +22,21 @@ def _git_status() -> str:
     return subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True).stdout
 
 
-def offline_prefix() -> list[str]:
-    """A command prefix that runs its command with no network but loopback (a new network
-    namespace), or [] where this machine does not allow it (not root, no unshare)."""
-    probe = subprocess.run(["unshare", "-n", "true"], capture_output=True) if _has("unshare") else None
-    if probe is None or probe.returncode != 0 or not _has("ip"):
-        return []
-    return ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"]
-
-
-def _has(tool: str) -> bool:
-    import shutil
-
-    return shutil.which(tool) is not None
-
-
 @pytest.fixture(scope="module")
 def series_run(tmp_path_factory):
     """The whole series, once, with the network refused when the machine allows it, and without
     any Hugging Face offline switch in its environment: the notebooks must set what they need."""
     out = tmp_path_factory.mktemp("series-out")
     before = _git_status()
-    prefix = offline_prefix()
-    proc = subprocess.run(
-        [*prefix, sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=1500,
-        cwd=tmp_path_factory.mktemp("elsewhere"),
-        env=without_offline_env(),
-    )
+    with on_its_own() as prefix:
+        proc = subprocess.run(
+            [*prefix, sys.executable, "-m", "nbtools", "run", NOTEBOOKS, "--output", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=1500,
+            cwd=tmp_path_factory.mktemp("elsewhere"),
+            env=without_offline_env(),
+        )
     return proc, out, before, bool(prefix)
 
 
@@ -82,7 +67,7 @@ def test_series_needs_no_network(series_run):
     if not offline:
         skip_outside_ci("cannot refuse network access here (`unshare -n` needs root): offline run not proven")
     probe = subprocess.run(
-        [*offline_prefix(), sys.executable, "-c", "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
+        [*isolated_prefix(), sys.executable, "-c", "import socket; socket.create_connection(('pypi.org', 443), timeout=5)"],
         capture_output=True,
         text=True,
     )

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 from conftest import NOTEBOOKS, wait_gone
 from packaging.requirements import Requirement
 
@@ -26,6 +27,7 @@ def _dirty_copy(tmp_path: Path) -> Path:
     return notebooks
 
 
+@pytest.mark.alone
 def test_reset_stops_launches_and_removes_work_folders_and_nothing_else(tmp_path):
     notebooks = _dirty_copy(tmp_path)
     hold = tmp_path / "hold_for_reset.py"
