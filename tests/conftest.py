@@ -77,15 +77,29 @@ def python() -> str:
 # test holds it shared (a run of the whole series too, unless it cannot have namespaces of its own: see
 # `on_its_own`).
 MACHINE_LOCK = os.path.join(tempfile.gettempdir(), f"nbtools-tests-{os.getuid()}.lock")
+_held: list = []  # [open lock file, exclusive?] while this process holds the lock
 
 
 @contextlib.contextmanager
 def machine(exclusive: bool = False):
-    with open(MACHINE_LOCK, "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+    """Hold the machine lock; inside a hold of this process (a test's own), make that hold exclusive meanwhile."""
+    if _held:
+        lock, was = _held[-1]
+        if exclusive and not was:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # flock converts the held lock (releasing it first: no deadlock)
         try:
             yield
         finally:
+            if exclusive and not was:
+                fcntl.flock(lock, fcntl.LOCK_SH)
+        return
+    with open(MACHINE_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        _held.append((lock, exclusive))
+        try:
+            yield
+        finally:
+            _held.pop()
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
