@@ -318,7 +318,12 @@ def save_and_read(page, lab: Lab, name: str, state: dict) -> nbformat.NotebookNo
     page.keyboard.press("Control+s")
 
     def saved():
-        nb = nbformat.from_dict(lab.contents(name)["content"])
+        try:
+            nb = nbformat.from_dict(lab.contents(name)["content"])
+        except urllib.error.HTTPError as exc:  # 400 "Unreadable Notebook": read while the server was writing it
+            if exc.code != 400:  # (its "atomic" writing keeps a backup copy but writes the file in place)
+                raise
+            return None
         counts = [c.get("execution_count") for c in nb.cells if c.cell_type == "code"]
         return nb if counts == shown else None
 
