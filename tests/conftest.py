@@ -77,7 +77,7 @@ def python() -> str:
 # test holds it shared (a run of the whole series too, unless it cannot have namespaces of its own: see
 # `on_its_own`).
 MACHINE_LOCK = os.path.join(tempfile.gettempdir(), f"nbtools-tests-{os.getuid()}.lock")
-_held: list = []  # [open lock file, exclusive?] while this process holds the lock
+_held: list = []  # (open lock file, exclusive?) while this process holds the lock
 
 
 @contextlib.contextmanager
