@@ -171,18 +171,35 @@ def time_limit(seconds: float, what: str, grace: float = 15.0):
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
-    timer.start()
-    try:
-        yield
-    except BaseException as exc:
-        if not fired.is_set():
-            raise
-        raise LaunchTimeout(_expired(what, seconds, stopped)) from exc
-    finally:
-        done.set()
-        timer.cancel()
+    with _interruptible():
+        timer.start()
+        try:
+            yield
+        except BaseException as exc:
+            if not fired.is_set():
+                raise
+            raise LaunchTimeout(_expired(what, seconds, stopped)) from exc
+        finally:
+            done.set()
+            timer.cancel()
     if fired.is_set():
         raise LaunchTimeout(_expired(what, seconds, stopped))
+
+
+@contextlib.contextmanager
+def _interruptible():
+    """SIGINT raises KeyboardInterrupt in the main thread meanwhile, even where it was ignored on entry
+    (a job started with `&` from a script inherits SIGINT ignored) or left to the system (which would end
+    the process)."""
+    before = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or before not in (signal.SIG_IGN, signal.SIG_DFL):
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
 
 
 def _expired(what: str, seconds: float, stopped: list[int]) -> str:

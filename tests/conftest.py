@@ -25,6 +25,28 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
+def terminal_signals() -> list[str]:
+    """Give this process (and so every process a test starts) the signal dispositions of a terminal.
+
+    A shell starts a background job (`cmd &`) with SIGINT and SIGQUIT ignored, and `nohup` ignores
+    SIGHUP; an ignored signal stays ignored in every child, and a non-interactive bash cannot reset
+    it (`trap`). CI runs this suite that way: a test's Ctrl-C or hangup then reached a process that
+    ignored it, and four lifecycle tests waited out their bounds (reproduced with
+    `trap '' INT HUP; pytest ...`). The tests play a learner at a terminal, where both are default.
+    Returns the names it had to reset (the report header says so)."""
+    import signal
+
+    reset = []
+    for sig, default in ((signal.SIGINT, signal.default_int_handler), (signal.SIGHUP, signal.SIG_DFL)):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, default)
+            reset.append(sig.name)
+    return reset
+
+
+SIGNALS_RESET = terminal_signals()
+
+
 def without_offline_env() -> dict[str, str]:
     """This environment minus every Hugging Face offline switch (ours above, or the user's)."""
     return {k: v for k, v in os.environ.items() if k not in OFFLINE_VARS}
@@ -128,6 +150,12 @@ def on_its_own():
     prefix = isolated_prefix()
     with machine(exclusive=not prefix):
         yield prefix
+
+
+def pytest_report_header(config) -> str | None:
+    if SIGNALS_RESET:
+        return f"signals: {', '.join(SIGNALS_RESET)} ignored on entry (a background job?); reset to a terminal's defaults"
+    return None
 
 
 def pytest_xdist_auto_num_workers(config) -> int:

@@ -281,14 +281,24 @@ def test_time_limit_stops_the_forked_ranks_of_a_hung_call():
     assert not rank.is_alive()
 
 
-def test_time_limit_interrupts_a_call_that_ignores_its_stopped_ranks():
+@pytest.mark.parametrize("sigint_on_entry", ["python's handler", "ignored"])
+def test_time_limit_interrupts_a_call_that_ignores_its_stopped_ranks(sigint_on_entry):
+    """The main thread is interrupted after limit + grace (2 s by design), even in a process that inherited
+    SIGINT ignored (a script's background job): the failure this catches is waiting out the whole sleep."""
     from nbtools.proctree import time_limit
 
-    t0 = time.monotonic()
-    with pytest.raises(nbtools.LaunchTimeout, match=r"stuck did not finish within 1 s .*pids none"):
-        with time_limit(1, "stuck", grace=1):
-            time.sleep(60)  # waiting on something that is not a child process
-    assert time.monotonic() - t0 < 10
+    stuck_s, limit, grace = 60, 1, 1
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN if sigint_on_entry == "ignored" else signal.default_int_handler)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(nbtools.LaunchTimeout, match=r"stuck did not finish within 1 s .*pids none"):
+            with time_limit(limit, "stuck", grace=grace):
+                time.sleep(stuck_s)  # waiting on something that is not a child process
+        took = time.monotonic() - t0
+        assert signal.getsignal(signal.SIGINT) == (signal.SIG_IGN if sigint_on_entry == "ignored" else signal.default_int_handler)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert limit + grace <= took < stuck_s / 2, took
 
 
 def test_time_limit_passes_a_call_that_ends_in_time():
