@@ -148,6 +148,8 @@ class LaunchPlan:
     devices: list[str]  # the torch devices the ranks use, e.g. ["npu:0", "npu:1"]
     fallback: bool = False  # True when the CPU (gloo) route stands in for missing accelerators
     note: str = ""
+    # the collectives really run on torch's gloo: the CPU route, or the simulated NPU (its hccl is gloo underneath)
+    gloo: bool = False
 
 
 @dataclass
@@ -232,6 +234,7 @@ class DeviceInfo:
             devices=devices,
             fallback=fallback,
             note=note,
+            gloo=kind == "cpu" or (kind == "npu" and self.simulated),
         )
 
     def resolve(self, device: str = "auto") -> str:

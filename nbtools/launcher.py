@@ -469,9 +469,10 @@ def _rank_lines(output: str, rank: int, n: int = 20) -> str:
 
 
 def _gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
-    """A CPU (gloo) launch whose only failure is a rank aborting in teardown, with no Python error."""
+    """A gloo launch (CPU, or the simulated NPU's hccl) whose only failure is a rank aborting in teardown,
+    with no Python error. Never a real NPU's or GPU's: hccl and nccl get no rerun."""
     return (
-        plan.kind == "cpu"
+        plan.gloo
         and "terminate called without an active exception" in output
         and re.search(r"^\[rank\d+\]:\s*Traceback", output, re.MULTILINE) is None
     )
@@ -714,7 +715,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, echo: bool = True, **run_kw)
             break
         abort_reruns += retry == "abort"
         if echo:
-            print(_retry_line(retry, port, abort_reruns))
+            print(_retry_line(retry, port, abort_reruns, spec.plan))
     if check:
         _raise_on_failure(result)
     return result
@@ -731,11 +732,13 @@ def _retry_reason(result: Result, spec: LaunchSpec, abort_reruns: int) -> str | 
     return None
 
 
-def _retry_line(reason: str, port: int | None, abort_reruns: int) -> str:
+def _retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPlan) -> str:
     if reason == "port":
         return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
+    whose = ("torch's gloo on CPU" if plan.kind == "cpu" else
+             "the simulated NPU's transport, which is torch's gloo under a simulated hccl: not a property of hccl")
     return (
         "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
-        f"exception': a known gloo teardown race in torch on CPU); {ABORT_RERUN_SAID} "
+        f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
         f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
     )

@@ -340,6 +340,22 @@ def test_a_gloo_teardown_abort_after_the_work_is_rerun_visibly_at_most_twice(tmp
     assert marker.read_text() == "3"
 
 
+@pytest.mark.parametrize("kind, simulated, rerun", [("cpu", False, True), ("npu", True, True), ("npu", False, False),
+                                                   ("cuda", False, False)])
+def test_the_teardown_abort_rerun_is_gloo_s_only(kind, simulated, rerun):
+    """The rerun rule is about torch's gloo: the CPU route and the simulated NPU (hccl over gloo) get it, and
+    the rerun line names which; a real NPU's or GPU's abort fails at once."""
+    info = nbtools.DeviceInfo(kind=kind, count=2, names=[kind] * 2, versions={}, simulated=simulated,
+                              visible_var=None if kind == "cpu" else "V", visible_devices=None)
+    plan = info.plan(2)
+    aborted = "eval_world=2\nterminate called without an active exception\n"
+    assert launcher._gloo_exit_abort(aborted, plan) is rerun
+    assert launcher._gloo_exit_abort("[rank1]: Traceback (most recent call last):\n" + aborted, plan) is False
+    if rerun:
+        line = launcher._retry_line("abort", None, 1, plan)
+        assert ("not a property of hccl" in line) is simulated and ("on CPU" in line) is (kind == "cpu"), line
+
+
 def test_the_printed_command_pasted_into_bash_gives_the_same_verdict(tmp_path, capsys, monkeypatch):
     """What a learner copies out of a cell: the `# runs here as:` line (or the `$` line when nothing changes)
     and the `# also set:` variables, pasted into bash in the work folder, run the same group with the same output."""

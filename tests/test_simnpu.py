@@ -72,7 +72,9 @@ print(f"rank={acc.process_index} world={acc.num_processes} type={acc.distributed
       f"wrapped={type(model).__name__} param={next(model.parameters()).device} out={out.dtype} "
       f"inner={seen[-1]} changed={not torch.equal(w0, w1)} restored={torch.equal(w1, first())} "
       f"files={sorted(os.listdir(sys.argv[1]))}", flush=True)
-acc.end_training()
+acc.end_training()  # the DDP model still holds the process group here
+gloo = [t for t in os.listdir("/proc/self/task") if open(f"/proc/self/task/{t}/comm").read().startswith(("pt_gloo", "gloo"))]
+print(f"rank={acc.process_index} gloo_threads_after_end_training={len(gloo)}", flush=True)
 """
 
 
@@ -179,6 +181,9 @@ def test_bf16_ddp_training_with_save_and_load_state(work):
         assert f"param=npu:{rank} out=torch.float32 inner=torch.bfloat16" in line   # autocast inside
         assert "changed=True restored=True" in line
         assert "model.safetensors" in line and "optimizer.bin" in line
+        # hccl's gloo transport is joined by destroy_process_group, not left running into interpreter shutdown
+        # (where its threads made a rank abort at exit: "terminate called without an active exception")
+        assert f"rank={rank} gloo_threads_after_end_training=0" in r.stdout, r.stdout
 
 
 SINGLE = """

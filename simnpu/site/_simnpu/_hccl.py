@@ -39,6 +39,13 @@ class _Done:
         return True
 
 
+class _Destroyed:
+    """Stands for the gloo transport after ``shutdown``: any collective says what happened."""
+    def __getattr__(self, name):
+        raise RuntimeError("HCCL: this process group was destroyed (destroy_process_group); "
+                           "create a new one with init_process_group")
+
+
 def _fake_work():
     try:
         fut = torch.futures.Future()
@@ -76,6 +83,16 @@ class ProcessGroupHCCL(dist.ProcessGroup):
 
     def getBackendName(self):
         return "hccl"
+
+    def shutdown(self):
+        """``destroy_process_group`` calls this. The gloo transport underneath is released here, so its
+        worker threads are joined now, while the interpreter is whole: a group still referenced (by a
+        DDP model, say) otherwise keeps them alive into interpreter shutdown, where a worker dropping
+        the last reference to a tensor needs the GIL and is ended mid-destructor, and the rank aborts
+        with "terminate called without an active exception". (Gloo of this torch has no shutdown of
+        its own: its destructor is what joins the threads.)"""
+        gloo, self._gloo = self._gloo, _Destroyed()
+        del gloo
 
     @property
     def _device_types(self):
