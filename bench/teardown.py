@@ -1,6 +1,6 @@
 """Teardown aborts: how often a 2-rank launch dies at exit, per route, measured by launching it N times.
 
-    python bench/teardown.py [--n 100] [--output bench-out]
+    python bench/teardown.py [--n 100] [--routes cpu,simulated-npu] [--scripts gather_npu.py,eval_npu.py] [--output DIR]
 
 A rank that finished its work can still die while the process exits, with torch's C++ runtime saying
 "terminate called without an active exception" (SIGABRT). nbtools' launcher reruns such a launch, at most
@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import NOTEBOOKS, defaults, steps  # noqa: E402  (bench/bench.py: the notebooks' command cells)
 
 SCRIPTS = {"02_distributed_eval.ipynb": "gather_npu.py", "02b_distributed_eval_right.ipynb": "eval_npu.py"}
+ROUTES = ("cpu", "simulated-npu")
 
 
 def first_launch(path: Path, script: str, namespace: dict, folder: Path) -> str:
@@ -76,29 +77,35 @@ def measure(path: Path, script: str, n: int, log=print) -> dict:
             "abort_rate": round(aborts / (n + aborts), 4), "failed": failed, "wall_s": round(time.monotonic() - start, 1)}
 
 
-def route(n: int, log=print) -> dict:
+def route(n: int, scripts: list[str], log=print) -> dict:
     info = nbtools.detect()
     label = f"{info.kind}{' (simulated)' if info.simulated else ''}"
     log(f"  route: {label}")
     return {"route": label, "versions": info.versions,
-            "scripts": [measure(NOTEBOOKS / nb, script, n, log) for nb, script in SCRIPTS.items()]}
+            "scripts": [measure(NOTEBOOKS / nb, script, n, log) for nb, script in SCRIPTS.items() if script in scripts]}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=100, help="launches per script and route")
+    ap.add_argument("--routes", default="cpu,simulated-npu", help="comma-separated: cpu, simulated-npu")
+    ap.add_argument("--scripts", default=",".join(SCRIPTS.values()), help="comma-separated: " + ", ".join(SCRIPTS.values()))
     ap.add_argument("--output", default="bench-out")
-    ap.add_argument("--route", choices=("cpu", "simulated-npu"), help=argparse.SUPPRESS)  # one route, in a child
+    ap.add_argument("--route", choices=ROUTES, help=argparse.SUPPRESS)  # one route, in a child
     args = ap.parse_args(argv)
+    scripts = args.scripts.split(",")
     if args.route:  # the child: this process sees one route only (detect() is per process)
-        print(json.dumps(route(args.n, log=lambda s: print(s, file=sys.stderr, flush=True))))
+        print(json.dumps(route(args.n, scripts, log=lambda s: print(s, file=sys.stderr, flush=True))))
         return 0
+    routes = args.routes.split(",")
+    if not set(routes) <= set(ROUTES) or not set(scripts) <= set(SCRIPTS.values()):
+        ap.error(f"--routes takes {', '.join(ROUTES)}; --scripts takes {', '.join(SCRIPTS.values())}")
     results = []
-    for name in ("cpu", "simulated-npu"):
+    for name in routes:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
         if name == "simulated-npu":
             env.update(nbtools.device.environment())
-        proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--route", name], env=env,
+        proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--route", name, "--scripts", args.scripts], env=env,
                               stdout=subprocess.PIPE, text=True, check=True)
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     out = Path(args.output)
