@@ -198,6 +198,30 @@ except RuntimeError as e:
 """
 
 
+def test_data_assignment_takes_effect_like_on_a_real_device(work):
+    """`param.data = other` (DeepSpeed, weight tying, many init helpers) swaps the values; the stand-in once kept
+    the old ones silently, and ZeRO-2 trained wrong. Identity, grad flag and memory accounting follow."""
+    r = py("""
+        import torch
+        m = torch.nn.Linear(2, 1).to("npu")
+        w = m.weight
+        m.weight.data = torch.full((1, 2), 5.0, device="npu")
+        print("same_param", m.weight is w, "requires_grad", m.weight.requires_grad)
+        print("out", round(m(torch.ones(1, 2, device="npu")).item() - m.bias.item(), 4))
+        t = torch.zeros(2, device="npu"); t.data = torch.arange(4.0, device="npu")
+        print("resized", t.tolist(), tuple(t.shape), "bytes", torch.npu.memory_allocated(0))
+        try:
+            t.data = torch.ones(2)
+        except RuntimeError as e:
+            print("host refused:", "incompatible tensor type" in str(e))
+    """, sim_env(work), work)
+    assert "same_param True requires_grad True" in r.stdout, r.stdout
+    assert "out 10.0" in r.stdout, r.stdout  # 5 * 1 + 5 * 1
+    # weight 2 + bias 1 + t's 4 floats, 4 bytes each: the replaced 2-float tensor is no longer counted
+    assert "resized [0.0, 1.0, 2.0, 3.0] (4,) bytes 28" in r.stdout, r.stdout  # arange: an out= resized, shape follows
+    assert "host refused: True" in r.stdout, r.stdout
+
+
 def test_310p_has_no_bf16_and_one_visible_card(work):
     r = py(SINGLE, sim_env(work, SIMNPU_SOC="Ascend310P3"), work)
     assert "available True count 2 bf16 False name Ascend310P3" in r.stdout, r.stdout

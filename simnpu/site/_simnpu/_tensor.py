@@ -63,6 +63,22 @@ class NPUTensor(torch.Tensor):
     def __tensor_unflatten__(inner, ctx, outer_size, outer_stride):
         return NPUTensor(inner["_elem"], ctx["device"])
 
+    # `t.data = other` swaps the tensor's contents (torch's set_data). A wrapper's contents live in its
+    # host tensor `_elem`, which set_data cannot see: without this the new values were silently ignored
+    # (DeepSpeed assigns `.data`, and trained wrong).
+    @property
+    def data(self):
+        return torch._C.TensorBase.data.__get__(self)
+
+    @data.setter
+    def data(self, value):
+        torch._C.TensorBase.data.__set__(self, value)  # torch's own checks (type, device) and metadata
+        if isinstance(value, NPUTensor):
+            rt.release(self.__dict__.get("_skey"))
+            self._elem = value._elem
+            self._skey = value._elem.untyped_storage()._cdata
+            rt.track(self._skey, value._elem.untyped_storage().nbytes(), self.device.index)
+
     def tolist(self):
         rt.lazy_init()
         return self._elem.tolist()
@@ -136,6 +152,8 @@ def _run(func, args, kwargs):
         given = list(args) + [kwargs.get(a.name) for a in func._schema.arguments[len(args):]]
         for a, v in zip(func._schema.arguments, given):
             if a.alias_info is not None and a.alias_info.is_write:
+                if isinstance(v, NPUTensor) and (v.shape != v._elem.shape or v.stride() != v._elem.stride()):
+                    _resync(v)  # the op resized its host tensor (an out= given empty: torch.arange(..., device="npu"))
                 return v
     if out_dev is None:
         return out
@@ -147,6 +165,16 @@ def _run(func, args, kwargs):
             return NPUTensor(x, out_dev)
         return x
     return tree_map(wrap, out)
+
+
+def _resync(t):
+    """Give the wrapper ``t`` its host tensor's sizes and strides again (and count its storage anew)."""
+    elem = t._elem
+    torch._C.TensorBase.data.__set__(t, NPUTensor(elem, t.device))  # set_data: the metadata of a fresh wrapper
+    t._elem = elem
+    rt.release(t.__dict__.get("_skey"))
+    t._skey = elem.untyped_storage()._cdata
+    rt.track(t._skey, elem.untyped_storage().nbytes(), t.device.index)
 
 
 # ---- kernels torch reaches with no npu tensor argument (factories, copies) --------------------
