@@ -5,7 +5,9 @@ metadata; kernelspec `python3`; exactly one `parameters` cell; `import nbtools` 
 `nbtools.`; every exercise under '## 练习' followed by its collapsed hint and answer
 (`<summary>提示</summary>`, `<summary>答案</summary>`); no `!cmd` / `%pip` / `%%bash` (their failures
 do not fail a run: use `%cmd` or nbtools.run_command); every quick-start check id tagged (`check:<id>`)
-on exactly one code cell across the series, and that cell prints its verdict with passed()/skipped().
+on exactly one code cell across the series, and that cell prints its verdict with passed()/skipped();
+an assertion message, an output label or a check id quoted in backticks in the prose (answers included) is
+one that a code cell of the series or nbtools itself produces.
 
 Run the exercise answers that are code, and check that each still does what its text says.
 
@@ -183,6 +185,41 @@ def check_series(folder: Path) -> list[str]:
     for cid, where in claims.items():
         if cid not in SEED_CHECKS and len(where) != 1:
             problems.append(f"check {cid}: tagged on {len(where)} cells ({', '.join(where)}), expected exactly 1")
+    return problems + quote_problems(paths, set(claims))
+
+
+_QUOTE = re.compile(r"`([^`\n]+)`")
+_LABEL = re.compile(r"^[^\s`()=\[\]]{1,2}[^`()=\[\]]{0,22}[:：]$")  # `工作文件夹：`, `# why:`: a label, not code
+_CHECK_ID = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)+$")
+
+
+def quote_problems(paths: list[Path], check_ids: set[str]) -> list[str]:
+    """Backticked quotes in the prose (answers included) that nothing in the series produces: an assertion
+    message (`... != ...`), a label an output starts with (`工作文件夹：`), a check id. What produces them
+    is the code cells of the series and nbtools itself (the setup cell's lines, the launcher's)."""
+    produced = "\n".join(
+        [c.source for p in paths for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code"]
+        + [f.read_text(encoding="utf-8") for f in Path(__file__).parent.glob("*.py")]
+    )
+    prefixes = {cid.split("-")[0] for cid in check_ids}
+    problems = []
+    for p in paths:
+        for i, cell in enumerate(nbformat.read(p, as_version=4).cells):
+            if cell.cell_type != "markdown":
+                continue
+            for quote in _QUOTE.findall(cell.source):
+                message = re.sub(r"^\w*(Error|Exception):\s*", "", quote).strip()
+                if " != " in message and not re.search(r"\w\s*=\s|\bif\b", message):
+                    kind = "assertion message"
+                elif _LABEL.match(quote) and not re.match(r"(for|if|elif|else|while|with|def|class|try|except)\b", quote):
+                    kind, message = "label", quote
+                elif _CHECK_ID.match(quote) and quote.split("-")[0] in prefixes and quote not in check_ids:
+                    kind, message = "check id", quote
+                else:
+                    continue
+                if message not in produced:
+                    problems.append(f"{p.name} cell {i}: quotes the {kind} `{quote}`, which no cell of the series "
+                                    "and no line of nbtools produces (renamed or translated since?)")
     return problems
 
 

@@ -91,3 +91,20 @@ def test_a_seed_id_tagged_twice_or_never_is_reported(copy):
     nb.cells = [c for c in nb.cells if f"check:{cid}" not in c.metadata.get("tags", [])]
     nbformat.write(nb, first)
     assert any(f"quick-start check {cid}: tagged on 0 cells" in p for p in check_series(copy))
+
+
+@pytest.mark.parametrize("quote, kind", [("`DDP != 1 process`", "assertion message"), ("`work dir:`", "label"),
+                                         ("`acc-lunch`", "check id")])
+def test_a_stale_quote_in_the_prose_is_reported(copy, quote, kind):
+    """A message, a label or a check id quoted in a 练习 answer or the prose must be one the series produces:
+    renamed or translated since, the quote is reported; the same quote of a real one is not."""
+    path = copy / "01b_training_right.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    exercises = next(c for c in nb.cells if c.cell_type == "markdown" and "\n## 练习" in c.source)
+    exercises.source += f"\n\n上面失败时会看到 {quote}。\n"
+    nbformat.write(nb, path)
+    assert any(f"quotes the {kind} {quote}" in p for p in check_series(copy)), check_series(copy)
+    exercises.source = exercises.source.replace(quote, {"check id": "`acc-launch`", "label": "`工作文件夹：`"}.get(
+        kind, "`DDP != 单进程`"))
+    nbformat.write(nb, path)
+    assert check_series(copy) == []
