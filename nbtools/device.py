@@ -279,6 +279,8 @@ class DeviceInfo:
         d = asdict(self)
         d["backend"] = self.backend
         d.pop("raw", None)
+        if self.simulated:  # the simulated host it ran on (cards, SoC, a test fault): another host is another answer
+            d["simnpu"] = {k: v for k, v in sorted(os.environ.items()) if k.startswith("SIMNPU_")}
         return d
 
 

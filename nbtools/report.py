@@ -49,8 +49,10 @@ def summary_line(report: RunReport, counts: dict | None = None) -> str:
     verdict = report.verdict
     checks = counted(counts["checks"]) or "no"
     passed = counts["notebooks"].get("passed", 0)
+    simulated = " on the simulated NPU (code paths and wiring, not the hardware)" if report.device.get("simulated") else ""
     return (
         f"{verdict}: {checks} checks; {passed}/{len(report.notebooks)} notebooks passed in {report.duration_s:.1f} s"
+        f"{simulated}"
     )
 
 
@@ -118,15 +120,16 @@ def render_markdown(report: RunReport) -> str:
 
 
 def write_junit(report: RunReport, path: Path) -> None:
-    suite = ET.Element("testsuite", name="nbtools", time=f"{report.duration_s:.2f}")
+    sim = "simulated_npu." if report.device.get("simulated") else ""  # every testcase says it, not only the suite
+    suite = ET.Element("testsuite", name=f"nbtools{' (NPU simulated on CPU)' if sim else ''}", time=f"{report.duration_s:.2f}")
     props = ET.SubElement(suite, "properties")  # which device the verdicts hold for ("NPU (simulated on CPU) ...")
     ET.SubElement(props, "property", name="device", value=xml_text(device_line(report.device)))
     for n in report.notebooks:
-        case = ET.SubElement(suite, "testcase", classname="notebooks", name=xml_text(n.path), time=f"{n.duration_s:.2f}")
+        case = ET.SubElement(suite, "testcase", classname=f"{sim}notebooks", name=xml_text(n.path), time=f"{n.duration_s:.2f}")
         if n.status != "passed":
             ET.SubElement(case, "failure", message=xml_text(n.error or n.status)).text = xml_text(n.error or n.status)
     for c in report.checks:
-        case = ET.SubElement(suite, "testcase", classname=f"checks.{c.notebook or 'unclaimed'}", name=xml_text(c.id))
+        case = ET.SubElement(suite, "testcase", classname=f"{sim}checks.{c.notebook or 'unclaimed'}", name=xml_text(c.id))
         if c.status in ("failed", "missing"):
             ET.SubElement(case, "failure", message=xml_text(f"{c.status}: {c.reason}"))
         elif c.status == "skipped":

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
+from xml.etree import ElementTree as ET
 
 import nbformat
 import pytest
@@ -262,7 +263,6 @@ def test_junit_is_valid_xml_with_terminal_escapes_and_control_characters(tmp_pat
     """Outputs and errors carry ANSI colours, NUL, bell, form feed, backspace: junit.xml stays XML 1.0
     that a parser reads, the text stays readable, and its counts are report.json's."""
     import json
-    from xml.etree import ElementTree as ET
 
     report = make_report(tmp_path)
     dirty = "\x1b[0;31mAssertionError\x1b[0m: got\x00 \x07bell\x0c\x08 \x1b]0;title\x07中文 ok"
@@ -339,3 +339,14 @@ def test_a_missing_value_shows_as_nothing(tmp_path):
     assert 'data-count=""' in (tmp_path / "index.html").read_text(encoding="utf-8")
     for name in ("index.html", "report.md"):
         assert "None" not in (tmp_path / name).read_text(encoding="utf-8"), name
+
+
+@pytest.mark.parametrize("device", [NPU, dict(NPU, simulated=True, simnpu={"SIMNPU_CARDS": "2"})])
+def test_the_cli_line_and_every_junit_testcase_say_simulated_when_it_was(tmp_path, device):
+    """A green line or a green testcase read on its own (a CI dashboard) must not pass for a real card."""
+    report = make_report(tmp_path, device)
+    simulated = bool(device.get("simulated"))
+    assert ("on the simulated NPU" in report_module.summary_line(report)) is simulated
+    report_module.write_junit(report, tmp_path / "junit.xml")
+    cases = ET.parse(tmp_path / "junit.xml").getroot().findall("testcase")
+    assert cases and all(c.get("classname").startswith("simulated_npu.") is simulated for c in cases)

@@ -9,6 +9,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -60,6 +61,15 @@ def library_path():
     return os.path.join(cache_root(), cache_key(), LIBNAME)
 
 
+def _older_than(version, floor):
+    """'2.8.0+cpu' < (2, 9): the release's first two numbers."""
+    parts = version.split("+")[0].split(".")[:2]
+    try:
+        return tuple(int(p) for p in parts) < floor
+    except ValueError:
+        return False
+
+
 def build(verbose=False):
     """Return the path of the built library, building it first if needed (safe across processes)."""
     path = library_path()
@@ -67,12 +77,17 @@ def build(verbose=False):
         return path
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
+    if _older_than(torch.__version__, (2, 9)):
+        raise SimNpuBuildError(
+            f"simulated NPU: torch {torch.__version__} is older than 2.9, the oldest torch it is built for (the "
+            "quick-start's torch_npu 2.9.0.post2 pairs with torch 2.9.0): pip install 'torch>=2.9'")
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if os.path.exists(path):        # another process built it while we waited
                 return path
-            gxx = os.environ.get("CXX") or shutil.which("g++")
+            # CXX as a shell splits it (`ccache g++`, `g++ -fuse-ld=gold`)
+            gxx = shlex.split(os.environ.get("CXX", "")) or ([shutil.which("g++")] if shutil.which("g++") else [])
             if not gxx:
                 raise SimNpuBuildError(
                     "simulated NPU: no C++ compiler found. The stand-in torch_npu compiles a small "
@@ -84,10 +99,14 @@ def build(verbose=False):
                     f"simulated NPU: torch's C++ headers are missing under {torch_dir}/include; "
                     "they ship with the torch wheel from PyPI - reinstall torch from a wheel.")
             tmp = f"{path}.tmp.{os.getpid()}"
-            cmd = [gxx, *_flags(torch_dir), *_sources(), "-L" + os.path.join(torch_dir, "lib"),
+            cmd = [*gxx, *_flags(torch_dir), *_sources(), "-L" + os.path.join(torch_dir, "lib"),
                    "-lc10", "-ltorch_cpu", "-Wl,-rpath," + os.path.join(torch_dir, "lib"), "-o", tmp]
             t0 = time.time()
-            r = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                r = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as exc:
+                raise SimNpuBuildError(f"simulated NPU: cannot run the C++ compiler {shlex.join(gxx)!r} "
+                                       f"(CXX={os.environ.get('CXX', '')!r}): {exc}") from exc
             if r.returncode != 0:
                 if os.path.exists(tmp):
                     os.unlink(tmp)

@@ -22,7 +22,7 @@ if SOC not in SOCS:
     raise RuntimeError(f"simulated NPU: SIMNPU_SOC={SOC!r} is not one of {sorted(SOCS)}")
 HBM, BF16 = SOCS[SOC]
 FAULT = os.environ.get("SIMNPU_FAULT", "")
-CANN_VERSION = "9.1.0"
+CANN_VERSION = "9.1.0+simulated"  # the real torch_npu reports the CANN it loaded; this one loaded none
 
 
 def status():
