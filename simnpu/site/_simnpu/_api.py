@@ -12,7 +12,7 @@ __all__ = [
     "reset_peak_memory_stats", "reset_max_memory_allocated", "empty_cache", "memory_stats",
     "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
     "set_rng_state", "get_rng_state_all", "set_rng_state_all", "is_bf16_supported",
-    "get_amp_supported_dtype", "set_compile_mode", "is_jit_compile_false",
+    "get_amp_supported_dtype", "set_compile_mode", "is_jit_compile_false", "matmul",
 ]
 
 
@@ -231,7 +231,8 @@ def get_amp_supported_dtype():
     return [torch.float16, torch.float32]
 
 
-_jit_compile = [True]
+# torch_npu's default: binary operators (jit_compile off) on Atlas A2 training cards (910B), online compiling on others
+_jit_compile = [not rt.SOC.startswith("Ascend910B")]
 
 
 def set_compile_mode(jit_compile=False):
@@ -240,3 +241,14 @@ def set_compile_mode(jit_compile=False):
 
 def is_jit_compile_false():
     return not _jit_compile[0]
+
+
+class _Matmul:
+    """``torch.npu.matmul``: ``allow_hf32`` lets float32 matmuls use HF32 on a card (off by default). The
+    simulation computes float32 on the CPU whatever it says: a setting to read and write, no effect."""
+
+    def __init__(self):
+        self.allow_hf32 = False
+
+
+matmul = _Matmul()
