@@ -314,6 +314,25 @@ def test_npu_smi_lists_a_live_holder_until_it_is_killed(work):
     assert processes_mentioning(marker) == []
 
 
+@pytest.mark.parametrize("call", ["is_bf16_supported()", "get_device_name(0)", "get_device_properties(0)",
+                                  "is_jit_compile_false()"])
+def test_asking_the_card_initialises_it_like_torch_npu(work, call):
+    """The real torch_npu initialises the NPU in these (_lazy_init): a fork after them cannot use the NPU."""
+    r = py(f"""
+        import os, torch
+        torch.npu.{call}
+        pid = os.fork()
+        if pid == 0:
+            try:
+                torch.ones(1, device="npu"); print("child ok", flush=True)
+            except RuntimeError as e:
+                print("child refused:", "Cannot re-initialize NPU" in str(e), flush=True)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """, sim_env(work), work)
+    assert "child refused: True" in r.stdout, r.stdout
+
+
 def test_fork_after_npu_init_is_refused_like_torch_npu(work):
     code = f"""
     import os, torch

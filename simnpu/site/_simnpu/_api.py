@@ -74,6 +74,7 @@ def set_device(device):
 
 
 def get_device_name(device_name=None):
+    rt.lazy_init()  # the real one initialises the NPU here (after a fork: "Cannot re-initialize NPU")
     index = _get_device_index(device_name, optional=True)
     if index < 0 or index >= device_count():
         raise AssertionError("Invalid device id")
@@ -91,6 +92,7 @@ class _Properties:
 
 
 def get_device_properties(device_name=None):
+    rt.lazy_init()
     index = _get_device_index(device_name, optional=True)
     if index < 0 or index >= device_count():
         raise AssertionError("Invalid device id")
@@ -222,6 +224,7 @@ def set_rng_state_all(new_states):
 
 # ---- dtypes and compile mode ------------------------------------------------------------------
 def is_bf16_supported():
+    rt.lazy_init()
     return rt.BF16
 
 
@@ -240,6 +243,7 @@ def set_compile_mode(jit_compile=False):
 
 
 def is_jit_compile_false():
+    rt.lazy_init()
     return not _jit_compile[0]
 
 
