@@ -229,6 +229,21 @@ def test_cxx_is_split_like_a_shell_splits_it(work, tmp_path):
     assert "count 2" in r.stdout, r.stdout
 
 
+def test_grad_scaler_takes_the_real_signature_dynamic_included(work):
+    """torch.npu.amp.GradScaler(init_scale, growth_factor, backoff_factor, growth_interval, dynamic, enabled), as the
+    real wheel's: dynamic=False keeps the scale, True grows it every growth_interval steps without overflow."""
+    r = py("""
+        import torch
+        m = torch.nn.Linear(2, 1).to("npu"); o = torch.optim.SGD(m.parameters(), lr=0.1)
+        for dynamic in (False, True):
+            s = torch.npu.amp.GradScaler(8.0, 2.0, 0.5, 1, dynamic, True)
+            for _ in range(3):
+                s.scale(m(torch.ones(1, 2, device="npu")).sum()).backward(); s.step(o); s.update(); o.zero_grad()
+            print("dynamic", dynamic, "scale", s.get_scale())
+    """, sim_env(work), work)
+    assert "dynamic False scale 8.0" in r.stdout and "dynamic True scale 64.0" in r.stdout, r.stdout  # 8 * 2**3
+
+
 def test_310p_has_no_bf16_and_one_visible_card(work):
     r = py(SINGLE, sim_env(work, SIMNPU_SOC="Ascend310P3"), work)
     assert "available True count 2 bf16 False name Ascend310P3" in r.stdout, r.stdout
