@@ -244,6 +244,21 @@ def test_grad_scaler_takes_the_real_signature_dynamic_included(work):
     assert "dynamic False scale 8.0" in r.stdout and "dynamic True scale 64.0" in r.stdout, r.stdout  # 8 * 2**3
 
 
+def test_autocast_keeps_softmax_norms_and_losses_in_float32(work):
+    """autocast("npu", bf16): matmuls in bf16, softmax, layer_norm and the losses in float32 (torch_npu's lists, as
+    CUDA's); the stand-in once ran them all in bf16."""
+    r = py("""
+        import torch, torch.nn.functional as F
+        x, w = torch.randn(4, 8, device="npu"), torch.randn(3, 8, device="npu")
+        with torch.autocast("npu", dtype=torch.bfloat16):
+            h = F.linear(x, w)
+            got = [h, torch.softmax(h, -1), F.log_softmax(h, -1), F.layer_norm(h, (3,)),
+                   F.cross_entropy(h, torch.tensor([0, 1, 2, 0], device="npu")), F.mse_loss(h, h.detach()), torch.relu(h)]
+        print("dtypes", [str(t.dtype).split(".")[-1] for t in got])
+    """, sim_env(work), work)
+    assert "dtypes ['bfloat16', 'float32', 'float32', 'float32', 'float32', 'float32', 'bfloat16']" in r.stdout, r.stdout
+
+
 def test_310p_has_no_bf16_and_one_visible_card(work):
     r = py(SINGLE, sim_env(work, SIMNPU_SOC="Ascend310P3"), work)
     assert "available True count 2 bf16 False name Ascend310P3" in r.stdout, r.stdout

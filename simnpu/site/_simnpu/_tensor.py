@@ -222,6 +222,29 @@ LOWER = ["mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "conv1d"
          "conv3d", "_convolution", "prelu", "addmv", "addr", "chain_matmul"]
 
 
+# ops autocast runs in float32 whatever the autocast dtype (the CUDA "fp32" and "fp32_set_opt_dtype" lists, abridged:
+# the ones a training step meets); torch_npu keeps them in float32 too
+FP32 = ["softmax.int", "log_softmax.int", "_softmax", "_log_softmax", "layer_norm", "native_layer_norm", "group_norm",
+        "nll_loss", "nll_loss_nd", "nll_loss2d", "cross_entropy_loss", "mse_loss", "l1_loss", "smooth_l1_loss",
+        "huber_loss", "kl_div", "binary_cross_entropy_with_logits", "cosine_similarity", "exp", "log", "log_softmax",
+        "pow.Tensor_Scalar", "pow.Tensor_Tensor", "rsqrt", "reciprocal", "logsumexp", "cumsum", "norm.Scalar",
+        "linalg_vector_norm", "sum.dim_IntList", "prod"]
+
+
+def _fp32_kernel(opname):
+    name, _, overload = opname.partition(".")
+
+    def kernel(*args, **kwargs):
+        def cast(x):
+            if isinstance(x, torch.Tensor) and x.dtype in (torch.float16, torch.bfloat16):
+                return x.float()
+            return x
+        op = getattr(torch.ops.aten, name)
+        with torch._C._ExcludeDispatchKeyGuard(_AC_KS):
+            return getattr(op, overload or "default")(*tree_map(cast, args), **tree_map(cast, kwargs))
+    return kernel
+
+
 def _autocast_kernel(opname):
     def kernel(*args, **kwargs):
         dt = torch.get_autocast_dtype("npu")
@@ -240,6 +263,11 @@ for _op in LOWER:
         _AC.impl(_op, _autocast_kernel(_op), "AutocastPrivateUse1")
     except Exception:
         pass   # op absent or already registered in this torch
+for _op in FP32:
+    try:
+        _AC.impl(_op, _fp32_kernel(_op), "AutocastPrivateUse1")
+    except Exception:
+        pass
 
 
 # ---- serialization -------------------------------------------------------------------------------
