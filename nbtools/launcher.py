@@ -508,16 +508,19 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
             i += 1
             continue
         removed = True
+        # torch's logger repeats the record's prefix on every line of it: only lines with THAT prefix are its
+        # traceback; a genuine traceback a rank prints right after it has none and stays in
+        prefix = _LOG_PREFIX.match(lines[i]).group(0)
         i += 1
         # The traceback(s) that logger.exception appended: frames are indented; the exception line is not;
         # chained exceptions continue after "During handling ..." / "The above exception ...".
-        while i < len(lines):
+        while i < len(lines) and (not prefix or lines[i].startswith(prefix)):
             body = _LOG_PREFIX.sub("", lines[i]).rstrip("\n")
             if body.startswith("Traceback (most recent call last)"):
                 i += 1
-                while i < len(lines) and _LOG_PREFIX.sub("", lines[i])[:1] in (" ", "\t"):
+                while i < len(lines) and _LOG_PREFIX.sub("", lines[i])[:1] in (" ", "\t") and lines[i].startswith(prefix):
                     i += 1
-                if i < len(lines):
+                if i < len(lines) and lines[i].startswith(prefix):
                     i += 1  # the exception line itself
                 continue
             if not body.strip() or body.startswith(("During handling of the above", "The above exception was")):

@@ -180,6 +180,8 @@ def test_the_exit_barrier_error_after_a_clean_exit_is_benign_and_said_so(python,
     [
         ("", 1),  # a non-zero exit: the same log is no longer benign
         ("raise ValueError('a real error after the barrier')", 0),  # another traceback still fails
+        # a rank's own traceback printed right after the barrier's, and the launch still exits 0: not benign
+        ("import traceback, sys\ntry:\n    1 / 0\nexcept ZeroDivisionError:\n    traceback.print_exc(file=sys.stdout)", 0),
         ("print('[ERROR] something else')", 0),  # another marker still fails
     ],
 )

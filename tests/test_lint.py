@@ -132,15 +132,31 @@ def test_no_private_name_of_jupyter_client_nbclient_or_papermill_is_used_or_over
     assert not used, "use public API (papermill's km=, the kernel manager's public methods):\n" + "\n".join(used)
 
 
-def test_only_proctree_and_the_guardian_send_stop_signals():
+def stop_signal_senders(modules: dict[str, ast.Module]) -> list[str]:
+    """Calls that stop processes, outside proctree and the guardian: `x.kill()`, `os.killpg(...)`, and the same
+    names imported bare (`from os import kill; kill(pid, 15)`, `from signal import pthread_kill`)."""
     senders = []
-    for name, tree in _modules().items():
+    for name, tree in modules.items():
         if name in SIGNAL_SENDERS:
             continue
+        bare = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                for a in n.names if a.name in STOP_CALLS | {"pthread_kill"}}
         for node in ast.walk(tree):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in STOP_CALLS:
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and node.func.attr in STOP_CALLS | {"pthread_kill"}:
                 senders.append(f"{name}.py:{node.lineno} .{node.func.attr}()")
+            elif isinstance(node.func, ast.Name) and node.func.id in bare:
+                senders.append(f"{name}.py:{node.lineno} {node.func.id}() (imported bare)")
+    return senders
+
+
+def test_only_proctree_and_the_guardian_send_stop_signals():
+    senders = stop_signal_senders(_modules())
     assert not senders, "stop processes through nbtools.proctree:\n" + "\n".join(senders)
+    # the rule sees the forms it must: an attribute call, and a name imported bare (it once saw only the first)
+    hole = ast.parse("from os import kill as k\nimport os\nk(1, 15)\nos.killpg(1, 9)\n")
+    assert len(stop_signal_senders({"ps": hole})) == 2
 
 
 def test_the_command_line_imports_a_commands_module_only_when_it_is_asked_for():
