@@ -69,7 +69,7 @@ from .checks import SEED_CHECKS, ParameterError, check_ids
 from .runner import default_notebooks_dir
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
-_IMPORT = re.compile(r"^import nbtools\b", re.MULTILINE)
+_IMPORT = re.compile(r"^[ \t]*import nbtools\b", re.MULTILINE)  # at the top, or in a try: that explains a missing install
 _NAME = re.compile(r"^\d\d[a-z]?_[a-z0-9_]+\.ipynb$")
 
 
