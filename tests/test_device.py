@@ -191,7 +191,12 @@ def test_doctor_holds_packages_to_requirements_txt(monkeypatch, tmp_path):
     monkeypatch.setattr(doctor, "REQUIREMENTS", req)
     assert {k: str(v) for k, v in doctor.series_requirements().items()} == {"accelerate": ">=1.0", "transformers": "<5.0,>=4.40"}
     real = doctor.installed
-    monkeypatch.setattr(doctor, "installed", lambda pkg: "5.0.0" if pkg == "transformers" else real(pkg))
+    monkeypatch.setattr(doctor, "installed", lambda pkg: "4.30.0" if pkg == "transformers" else real(pkg))
     rows = {r.what: r for r in doctor.diagnose(nbtools.detect())}
     assert rows["transformers"].status == doctor.WARN and "transformers<5.0,>=4.40" in rows["transformers"].note
     assert rows["accelerate"].status == doctor.OK
+    # an image that ships transformers 5: keep it (the lessons pass on it), do not let requirements.txt downgrade it
+    monkeypatch.setattr(doctor, "installed", lambda pkg: "5.24.0" if pkg == "transformers" else real(pkg))
+    rows = {r.what: r for r in doctor.diagnose(nbtools.detect())}
+    assert rows["transformers"].status == doctor.WARN and "would downgrade" in rows["transformers"].note
+    assert "grep -v '^transformers' requirements.txt" in rows["transformers"].note
