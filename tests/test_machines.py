@@ -144,14 +144,15 @@ def test_two_machines_meet_in_one_group_whatever_the_users_config(tmp_path, monk
     assert "--config_file" not in capsys.readouterr().out  # the neutral config is not part of the shown command
 
 
+# torch's log formatter repeats the record's prefix on every line, the traceback's included (seen with torch 2.14:
+# logger.exception(...) through torch.distributed.elastic.utils.logging)
 BARRIER = (
-    "import sys\n"
+    "p = 'E1201 04:10:11.123000 1234 torch/distributed/elastic/agent/server/api.py:1008] '\n"
     "print('machine_rank=1 world=2')\n"
-    "print('E1201 04:10:11.123000 1234 torch/distributed/elastic/agent/server/api.py:1008] Error waiting on exit barrier. "
-    "Elapsed: 0.5 seconds')\n"
-    "print('Traceback (most recent call last):')\n"
-    "print('  File \"api.py\", line 1, in _exit_barrier')\n"
-    "print('torch.distributed.DistNetworkError: failed to recv, got 0 bytes')\n"
+    "print(p + 'Error waiting on exit barrier. Elapsed: 0.5 seconds')\n"
+    "print(p + 'Traceback (most recent call last):')\n"
+    "print(p + '  File \"api.py\", line 1, in _exit_barrier')\n"
+    "print(p + 'torch.distributed.DistNetworkError: failed to recv, got 0 bytes')\n"
 )
 
 
