@@ -200,3 +200,5 @@ def test_doctor_holds_packages_to_requirements_txt(monkeypatch, tmp_path):
     rows = {r.what: r for r in doctor.diagnose(nbtools.detect())}
     assert rows["transformers"].status == doctor.WARN and "would downgrade" in rows["transformers"].note
     assert "grep -v '^transformers' requirements.txt" in rows["transformers"].note
+    req.write_text("transformers>=4.40\n")  # a range that admits 5: nothing to keep, nothing to say
+    assert {r.what: r for r in doctor.diagnose(nbtools.detect())}["transformers"].status == doctor.OK
