@@ -277,6 +277,16 @@ def _code(edit: dict, blocks: list[str]) -> str:
     return code
 
 
+def _indented(source: str, replaced: str, code: str) -> str:
+    """``code`` to put where ``replaced`` starts: a match that starts an indented line gives the code's
+    further lines that indentation too (a learner's block pasted into a loop body)."""
+    at = source.index(replaced)
+    indent = source[source.rfind("\n", 0, at) + 1 : at]
+    lines = code.rstrip("\n").split("\n")
+    indent = indent if not indent.strip() else ""
+    return "\n".join(lines[:1] + [indent + line if line else line for line in lines[1:]])
+
+
 def _one(cells, text: str, kind: str | None = "code"):
     found = [c for c in cells if (kind is None or c.cell_type == kind) and text in c.source]
     if len(found) != 1:
@@ -297,7 +307,7 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
         if "replace" in edit:
             if edit["replace"] not in cell.source:
                 raise ParameterError(f"{edit['replace']!r} is not in the cell any more")
-            cell.source = cell.source.replace(edit["replace"], code.rstrip("\n"), 1)
+            cell.source = cell.source.replace(edit["replace"], _indented(cell.source, edit["replace"], code), 1)
         else:
             lines = cell.source.split("\n")
             at = [i for i, line in enumerate(lines) if edit["after"] in line]

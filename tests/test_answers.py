@@ -83,6 +83,14 @@ def test_apply_inserts_replaces_adds_a_cell_and_sets_parameters():
     assert sources[4] == "budget = int(0.25 * size)"
 
 
+def test_a_block_replacing_an_indented_line_keeps_that_indentation():
+    """A multi-line answer put in place of lines inside a loop body stays inside it (07 练习 3)."""
+    nb = _lesson()
+    apply(nb, {"edits": [{"cell": "loaded = dispatch()", "replace": "loaded = dispatch()", "code": 0}]},
+          answer_blocks(EXERCISES, 1))
+    assert nb.cells[2].source == "if True:\n    with torch.no_grad():\n        w.mul_(-1)\n    go(loaded)"
+
+
 @pytest.mark.parametrize(
     "edit, message",
     [

@@ -38,17 +38,29 @@ def series_report():
     return json.loads(SERIES_REPORT.read_text()), SERIES_REPORT.parent
 
 
+def _save_tiny_llama(path: Path) -> None:
+    """A checkpoint in a local folder for 07's `model_id` path (from_pretrained, no network): grouped-query
+    attention (2 KV heads for 4 query heads), so the LoRA count it derives for v_proj differs from q_proj's."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(path)
+
+
 @pytest.fixture(scope="module")
 def offline_run(tmp_path_factory):
     """The notebooks that build Hugging Face models or install packages, with the network refused when the
     machine allows it, started from another folder, and without any Hugging Face offline switch in their
     environment: the notebooks must set what they need."""
     out = tmp_path_factory.mktemp("offline-out")
+    model_dir = tmp_path_factory.mktemp("local-model")
+    _save_tiny_llama(model_dir)
     before = _git_status()
     with on_its_own() as prefix:
         proc = subprocess.run(
             [*prefix, sys.executable, "-m", "nbtools", "run", *(str(Path(NOTEBOOKS) / n) for n in OFFLINE_NOTEBOOKS),
-             "--output", str(out)],
+             "--output", str(out), "-p", f"model_id={model_dir}"],
             capture_output=True,
             text=True,
             timeout=900,
@@ -79,6 +91,9 @@ def test_offline_notebooks_pass_and_leave_the_work_tree_unchanged(offline_run):
     report = json.loads((out / "report.json").read_text())
     assert [Path(n["path"]).name for n in report["notebooks"]] == list(OFFLINE_NOTEBOOKS)
     assert all(n["status"] == "passed" for n in report["notebooks"]), report["notebooks"]
+    real = next(c for c in report["checks"] if c["id"] == "lora-real-model")
+    # 3 layers x r=8 x ((64 + 64) for q_proj + (64 + 2 * 16) for v_proj), derived here as the notebook derives it
+    assert real["status"] == "passed" and real["reason"].split(": ", 1)[1].startswith(f"{3 * 8 * (128 + 96)} trainable"), real
     assert _git_status() == before
 
 
