@@ -303,6 +303,8 @@ class LaunchCall:
     env: dict[str, str]  # written variables other than the visible-devices ones
     written_visible: str | None
     written: WrittenCommand  # the whole command as written: its options (--timeout, --background, ...)
+    config_file: str | None = None  # the learner's own --config_file, honoured as `accelerate launch` does
+    config: dict = field(default_factory=dict)  # what that file says
 
     def why(self, plan: LaunchPlan, info: DeviceInfo) -> str:
         """One line: why the real launch differs from the written one on this machine."""
@@ -313,8 +315,11 @@ class LaunchCall:
         if plan.kind == "cpu":
             if n == 1:
                 return "no NPU here: one process on the CPU (--cpu)"
+            sharded = self.config.get("distributed_type") in ("FSDP", "DEEPSPEED")
             return (f"no NPU here: on a CPU `accelerate launch --num_processes {n}` starts ONE process; "
-                    f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group")
+                    f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group"
+                    + (f"; Accelerate enables {self.config['distributed_type']} only on an accelerator, so this "
+                       "config runs as DDP here" if sharded else ""))
         parts = []
         if plan.kind == "cuda":
             parts.append(f"CUDA here: {CUDA_VAR} instead of {ASCEND_VAR}")
@@ -323,9 +328,15 @@ class LaunchCall:
             parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
         if n > 1:
             parts.append("a free rendezvous port instead of 29500")
-        parts.append("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
-                     "`accelerate config` file of yours changes the run")
+        parts.append(self._config_why())
         return "; ".join(parts)
+
+    def _config_why(self) -> str:
+        if self.config_file is None:
+            return ("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
+                    "`accelerate config` file of yours changes the run")
+        return (f"your --config_file {self.config_file} as written (distributed_type "
+                f"{self.config.get('distributed_type', 'NO')}), its num_processes and mixed_precision given explicitly")
 
 
 def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
@@ -362,7 +373,9 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
             extra.extend(extra_part)
     if i >= len(words):
         raise ParameterError("accelerate launch needs a script to run (e.g. train_npu.py)")
-    n = flags.get("--num_processes")
+    config_file = flags.get("--config_file")
+    config = read_launch_config(config_file) if config_file else {}
+    n = flags.get("--num_processes", config.get("num_processes"))
     try:
         num_processes = int(n) if n is not None else default_processes
     except ValueError:
@@ -370,5 +383,22 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
     env = dict(written.env)
     visible = env.pop(ASCEND_VAR, None)
     visible = env.pop(CUDA_VAR, visible)
-    return LaunchCall(words[i], words[i + 1 :], num_processes, flags.get("--mixed_precision") or "no", extra, env, visible,
-                      written)
+    precision = flags.get("--mixed_precision") or config.get("mixed_precision") or "no"
+    return LaunchCall(words[i], words[i + 1 :], num_processes, str(precision), extra, env, visible, written,
+                      config_file, config)
+
+
+def read_launch_config(path: str) -> dict:
+    """A learner's `accelerate config` file (YAML, or the JSON `accelerate config default` writes)."""
+    import yaml
+
+    try:
+        config = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ParameterError(f"--config_file {path}: cannot read it ({exc.strerror}); write it first "
+                             "(`accelerate config --config_file ...` in a terminal, or %%writefile)") from None
+    except yaml.YAMLError as exc:
+        raise ParameterError(f"--config_file {path} is not valid YAML: {exc}") from None
+    if not isinstance(config, dict):
+        raise ParameterError(f"--config_file {path}: expected `key: value` lines, got {type(config).__name__}")
+    return config

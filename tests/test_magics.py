@@ -125,6 +125,20 @@ def test_launch_why_names_the_reason_of_each_machine():
     assert "CUDA_VISIBLE_DEVICES" in call.why(info(CUDA2).plan(2), info(CUDA2))
 
 
+def test_a_learners_config_file_is_read_for_processes_and_precision_and_named_in_the_why(tmp_path):
+    config = tmp_path / "fsdp.yaml"
+    config.write_text("distributed_type: FSDP\nnum_processes: 3\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n")
+    call = commands.parse_launch(f"accelerate launch --config_file {config} t.py")
+    assert (call.num_processes, call.mixed_precision, call.extra_flags) == (3, "bf16", ["--config_file", str(config)])
+    written = commands.parse_launch(f"accelerate launch --config_file {config} --num_processes 2 --mixed_precision no t.py")
+    assert (written.num_processes, written.mixed_precision) == (2, "no")  # the command line wins, as in accelerate
+    npu = call.why(info(NPU2).plan(2), info(NPU2))
+    assert f"your --config_file {config} as written (distributed_type FSDP)" in npu and "defaults given" not in npu
+    assert "enables FSDP only on an accelerator, so this config runs as DDP here" in call.why(info(CPU).plan(3), info(CPU))
+    with pytest.raises(ParameterError, match="cannot read it"):
+        commands.parse_launch(f"accelerate launch --config_file {tmp_path / 'missing.yaml'} t.py")
+
+
 def test_shown_keeps_a_program_readable():
     assert commands.shown(["python", "-c", "print('a b')"], {"A": "1"}) == "A=1 python -c \"print('a b')\""
 
@@ -218,6 +232,21 @@ def test_written_cpu_launch_starts_num_processes_ranks(ip, tmp_path, monkeypatch
     assert r.plan.num_processes == 3 and r.plan.backend == "gloo"
     assert r.written.endswith("--num_processes 3 train_npu.py")
     assert "ACCELERATE_USE_CPU=1" in r.command and "--multi_gpu" in r.command
+
+
+def test_an_fsdp_config_under_the_cpu_route_runs_ddp_as_the_why_line_says(ip, tmp_path, monkeypatch):
+    """The why line's claim, held on the installed Accelerate: with ACCELERATE_USE_CPU=1 an FSDP config runs DDP."""
+    if nbtools.detect().kind != "cpu":
+        pytest.skip("checks the CPU route (ACCELERATE_USE_CPU=1 + --multi_gpu)")
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "fsdp.yaml").write_text("distributed_type: FSDP\nnum_processes: 2\nmixed_precision: 'no'\n"
+                                        "fsdp_config:\n  fsdp_version: 2\n")
+    (tmp_path / "which.py").write_text(
+        "from accelerate import Accelerator\nacc = Accelerator()\n"
+        "acc.print(f'world={acc.num_processes} type={acc.distributed_type.name}')\nacc.end_training()\n"
+    )
+    assert run_cell(ip, "r_f = %launch accelerate launch --config_file fsdp.yaml which.py") is None
+    assert ip.user_ns["r_f"].kv == {"world": "2", "type": "MULTI_CPU"}, ip.user_ns["r_f"].output
 
 
 # ---------------------------------------------------------------- session and work folders
