@@ -222,6 +222,31 @@ def test_data_assignment_takes_effect_like_on_a_real_device(work):
     assert "host refused: True" in r.stdout, r.stdout
 
 
+def test_each_device_has_its_own_generator_like_a_card(work):
+    """A card's random numbers come from its own generator: the device's state is saved and restored on its own,
+    npu:1's stream is not npu:0's, and drawing on the device (dropout included) leaves the CPU's numbers alone.
+    The stand-in once drew everything from the CPU generator, so restoring the CPU's RNG restored the NPU's."""
+    r = py("""
+        import torch
+        torch.manual_seed(0)
+        cpu_state = torch.get_rng_state()
+        state = torch.npu.get_rng_state()
+        a = torch.rand(3, device="npu").cpu()
+        torch.nn.functional.dropout(torch.ones(8, device="npu"), 0.5)
+        print("cpu untouched", torch.equal(cpu_state, torch.get_rng_state()))
+        torch.set_rng_state(cpu_state)
+        print("cpu restore restores npu", torch.equal(a, torch.rand(3, device="npu").cpu()))
+        torch.npu.set_rng_state(state)
+        print("npu restore", torch.equal(a, torch.rand(3, device="npu").cpu()))
+        torch.npu.manual_seed_all(5); x = torch.rand(2, device="npu:0").cpu()
+        torch.npu.manual_seed_all(5); torch.rand(2, device="npu:1"); y = torch.rand(2, device="npu:0").cpu()
+        print("npu:1 apart", torch.equal(x, y))
+    """, sim_env(work), work)
+    out = r.stdout
+    assert "cpu untouched True" in out and "cpu restore restores npu False" in out, out
+    assert "npu restore True" in out and "npu:1 apart True" in out, out
+
+
 def test_cxx_is_split_like_a_shell_splits_it(work, tmp_path):
     """CXX="ccache g++" (a wrapper, or a compiler with flags) builds the guard: it was run as one program name."""
     r = py("import torch; print('count', torch.npu.device_count())",

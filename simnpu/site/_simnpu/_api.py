@@ -184,33 +184,40 @@ def empty_cache():
     pass
 
 
-# ---- RNG: kernels run on the host, so the npu generator IS torch.default_generator -------------
+# ---- RNG: one generator per device (host generators the npu tensors' random kernels draw from) ---
+def _gen(device="npu"):
+    index = rt.current_device() if device in ("npu", None) else _get_device_index(device, optional=True)
+    return rt.generator(index)
+
+
 def manual_seed(seed):
-    torch.default_generator.manual_seed(int(seed))
+    _gen().manual_seed(int(seed))
 
 
 def manual_seed_all(seed):
-    torch.default_generator.manual_seed(int(seed))   # not torch.manual_seed: it calls us back
+    for index in range(max(device_count(), 1)):
+        rt.generator(index).manual_seed(int(seed))
 
 
 def seed():
-    torch.default_generator.seed()
+    _gen().seed()
 
 
 def seed_all():
-    torch.default_generator.seed()
+    value = _gen().seed()
+    manual_seed_all(value)
 
 
 def initial_seed():
-    return torch.default_generator.initial_seed()
+    return _gen().initial_seed()
 
 
 def get_rng_state(device="npu"):
-    return torch.default_generator.get_state()
+    return _gen(device).get_state()
 
 
 def set_rng_state(new_state, device="npu"):
-    torch.default_generator.set_state(new_state)
+    _gen(device).set_state(new_state)
 
 
 def get_rng_state_all():

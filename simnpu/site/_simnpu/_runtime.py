@@ -5,6 +5,8 @@ import os
 import sys
 import threading
 
+import torch
+
 from . import _build
 
 LIB = _build.load()
@@ -39,6 +41,18 @@ def physical_id(i):
 
 def current_device():
     return LIB.simnpu_current_device()
+
+
+# One generator per device, as a card has (torch_npu seeds a fresh one with c10's default seed, as CUDA does).
+DEFAULT_SEED = 67280421310721
+_generators = {}
+
+
+def generator(index):
+    """The npu:``index`` generator: random kernels of npu tensors draw from it, not from the CPU's."""
+    if index not in _generators:
+        _generators[index] = torch.Generator().manual_seed(DEFAULT_SEED)
+    return _generators[index]
 
 
 _lock = threading.RLock()

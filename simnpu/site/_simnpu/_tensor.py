@@ -145,7 +145,10 @@ def _run(func, args, kwargs):
     if _NO_BF16 and kwargs.get("dtype") == torch.bfloat16 and out_dev is not None:
         raise _bf16_refused(str(func))
     uargs, ukwargs = tree_map(lambda x: x._elem if isinstance(x, NPUTensor) else x, (args, kwargs))
-    out = func(*uargs, **ukwargs)
+    if out_dev is not None and _draws_from_default(func, name, args, kwargs):
+        out = _on_device_generator(out_dev.index, func, uargs, ukwargs)
+    else:
+        out = func(*uargs, **ukwargs)
     # in-place and out= ops return the very wrapper they were given
     rets = func._schema.returns
     if len(rets) == 1 and rets[0].alias_info is not None and rets[0].alias_info.is_write:
@@ -165,6 +168,34 @@ def _run(func, args, kwargs):
             return NPUTensor(x, out_dev)
         return x
     return tree_map(wrap, out)
+
+
+# random kernels that take no generator argument (they draw from the default one)
+_RANDOM_WITHOUT_GENERATOR = {"native_dropout", "rrelu_with_noise", "rrelu_with_noise_", "rrelu_with_noise_functional"}
+
+
+def _draws_from_default(func, name, args, kwargs):
+    """Whether the op draws random numbers from the default generator (none given)."""
+    if name in _RANDOM_WITHOUT_GENERATOR:
+        return True
+    for i, a in enumerate(func._schema.arguments):
+        if a.name == "generator":
+            given = args[i] if i < len(args) else kwargs.get("generator")
+            return given is None
+    return False
+
+
+def _on_device_generator(index, func, args, kwargs):
+    """Run ``func`` on the host drawing from npu:``index``'s generator: the CPU generator's state is
+    swapped for the device's and back, so the CPU's own stream of numbers is untouched."""
+    cpu, dev = torch.default_generator, rt.generator(index)
+    saved = cpu.get_state()
+    cpu.set_state(dev.get_state())
+    try:
+        return func(*args, **kwargs)
+    finally:
+        dev.set_state(cpu.get_state())
+        cpu.set_state(saved)
 
 
 def _resync(t):
