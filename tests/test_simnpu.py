@@ -341,8 +341,21 @@ def test_visible_devices_rules_and_device_api(work):
     """
     r = py(probe, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="1,0"), work)   # not ascending
     assert "seen False 0" in r.stdout and r.returncode != 0, r.stdout
-    r = py(probe, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0,2"), work)   # the host has cards 0 and 1
-    assert "seen False 0" in r.stdout and "error code is 207004" in r.stdout and r.returncode != 0, r.stdout
+    r = py(probe, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="0,5"), work)   # the host has cards 0 and 1
+    assert "seen True 1" in r.stdout and r.returncode == 0, r.stdout + r.stderr  # the valid prefix counts, as on a host
+    r = py(probe, sim_env(work, ASCEND_RT_VISIBLE_DEVICES="2"), work)   # no valid prefix at all
+    assert "seen False 0" in r.stdout and "error code is 207004" in r.stderr + r.stdout and r.returncode != 0, r.stdout
+    reread = """
+    import os, torch
+    before = torch.npu.device_count()
+    os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "1"
+    print("counts", before, torch.npu.device_count(), flush=True)
+    torch.ones(1, device="npu")  # the first device use initialises the runtime: the count is fixed from here
+    os.environ["ASCEND_RT_VISIBLE_DEVICES"] = "0,1"
+    print("after init", torch.npu.device_count())
+    """
+    r = py(reread, sim_env(work), work)
+    assert "counts 2 1" in r.stdout and "after init 1" in r.stdout, r.stdout + r.stderr
 
 
 def test_npu_smi_lists_a_live_holder_until_it_is_killed(work):

@@ -52,7 +52,10 @@ Visible compute_visible() {
       char* end = nullptr;
       long id = item.empty() ? -1 : std::strtol(item.c_str(), &end, 10);
       if (item.empty() || *end != '\0' || id < 0) { out.status = 2; break; }
-      if (id >= cards) { out.status = 207004; break; }
+      if (id >= cards) {  // like the real runtime: the ids before the first one the host lacks count
+        if (out.physical.empty()) out.status = 207004;
+        break;
+      }
       if (id <= prev) { out.status = 1; break; }
       prev = static_cast<int>(id);
       out.physical.push_back(static_cast<int>(id));
@@ -66,9 +69,15 @@ Visible compute_visible() {
   return out;
 }
 
-const Visible& visible() {
-  static Visible v = compute_visible();  // read once, like the real runtime at init
-  return v;
+// Re-read until the runtime is initialised (the first device use), then fixed, like the real runtime:
+// a process may still change ASCEND_RT_VISIBLE_DEVICES after `import torch`.
+std::mutex visible_mutex;
+bool frozen = false;
+Visible fixed_visible;
+
+Visible visible() {
+  std::lock_guard<std::mutex> lock(visible_mutex);
+  return frozen ? fixed_visible : compute_visible();
 }
 
 thread_local c10::DeviceIndex current_index = 0;
@@ -149,9 +158,14 @@ struct Register {
 // C entry points for the Python side (ctypes).
 extern "C" {
 int simnpu_status() { return visible().status; }
+void simnpu_freeze() {  // the runtime's initialisation: the visible cards are fixed from now on
+  std::lock_guard<std::mutex> lock(visible_mutex);
+  if (!frozen) fixed_visible = compute_visible();
+  frozen = true;
+}
 int simnpu_device_count() { return static_cast<int>(visible().physical.size()); }
 int simnpu_physical_id(int i) {
-  const auto& p = visible().physical;
+  const auto p = visible().physical;
   return (i >= 0 && i < static_cast<int>(p.size())) ? p[i] : -1;
 }
 int simnpu_current_device() { return current_index; }

@@ -134,6 +134,7 @@ def load():
         for name in ("simnpu_status", "simnpu_device_count", "simnpu_physical_id",
                      "simnpu_current_device", "simnpu_set_device"):
             getattr(lib, name).restype = ctypes.c_int
+        lib.simnpu_freeze.restype = None
         _LIB = lib
     return _LIB
 

@@ -90,6 +90,7 @@ def lazy_init():
         _fail_status()
         if device_count() == 0:
             raise RuntimeError("No NPU device is visible (simulated runtime: device_count() == 0)")
+        LIB.simnpu_freeze()  # ASCEND_RT_VISIBLE_DEVICES was re-read until now; from here the cards are fixed
         initialized = True
 
 
