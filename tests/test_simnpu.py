@@ -458,6 +458,12 @@ for name, mod in (("torch_npu", torch_npu), ("torch.npu", torch.npu), ("torch.np
             names[n] = {"kind": "module"}
         elif inspect.isclass(v):
             names[n] = {"kind": "class"}
+            if "__init__" in vars(v) and inspect.isfunction(vars(v)["__init__"]):
+                names[n]["init"] = [
+                    {"name": p.name, "kind": p.kind.name, "default": None if p.default is p.empty else repr(p.default)}
+                    for p in list(inspect.signature(vars(v)["__init__"]).parameters.values())[1:]]
+        elif n == "__all__":
+            names[n] = {"kind": "value", "names": sorted(v)}
         elif inspect.isfunction(v):
             names[n] = {"kind": "function", "signature": [
                 {"name": p.name, "kind": p.kind.name,
@@ -474,9 +480,18 @@ def same_default(real: str | None, ours: str | None) -> bool:
     if real is None or ours is None:
         return real is ours
     try:
-        return ast.literal_eval(real) == ast.literal_eval(ours)
+        return _constant(real) == _constant(ours)
     except (ValueError, SyntaxError):
         return real.replace(" ", "") == ours.replace(" ", "")
+
+
+def _constant(text: str):
+    """A default's value: a literal, or arithmetic on literals (the real GradScaler's `2.0 ** 16`)."""
+    tree = ast.parse(text, mode="eval")
+    if not all(isinstance(n, (ast.Expression, ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop,
+                              ast.Tuple, ast.List, ast.Load)) for n in ast.walk(tree)):
+        raise ValueError(text)
+    return eval(compile(tree, "<default>", "eval"), {"__builtins__": {}})
 
 
 def api_problems(dumped: dict, real: dict) -> list[str]:
@@ -492,14 +507,22 @@ def api_problems(dumped: dict, real: dict) -> list[str]:
                 problems.append(f"{module}.{name}: not in the real torch_npu 2.9.0.post2")
             elif theirs["kind"] == "module" and ours["kind"] != "module":
                 problems.append(f"{module}.{name}: a module in the real torch_npu, here {ours['kind']}")
-            elif ours["kind"] == "function" and theirs["kind"] == "function":
-                a = [(p["name"], p["kind"]) for p in theirs["signature"]]
-                b = [(p["name"], p["kind"]) for p in ours["signature"]]
-                defaults_ok = all(same_default(x["default"], y["default"])
-                                  for x, y in zip(theirs["signature"], ours["signature"]))
-                if a != b or not defaults_ok:
-                    problems.append(f"{module}.{name}: signature {ours['signature']} != real {theirs['signature']}")
+            elif name == "__all__":
+                # the real list, less the names the stand-in does not define (`import *` would fail on those)
+                want = sorted(set(theirs.get("names", [])) & set(names))
+                if ours.get("names") != want:
+                    problems.append(f"{module}.__all__: {ours.get('names')} != the real one's names defined here {want}")
+            else:
+                key = "signature" if ours["kind"] == "function" else "init"
+                if theirs["kind"] == ours["kind"] and key in ours and key in theirs:
+                    if not same_signature(ours[key], theirs[key]):
+                        problems.append(f"{module}.{name}: {key} {ours[key]} != real {theirs[key]}")
     return problems
+
+
+def same_signature(ours: list[dict], theirs: list[dict]) -> bool:
+    return [(p["name"], p["kind"]) for p in ours] == [(p["name"], p["kind"]) for p in theirs] and all(
+        same_default(x["default"], y["default"]) for x, y in zip(theirs, ours))
 
 
 def test_stand_in_defines_only_names_the_real_wheel_has(work):
@@ -509,9 +532,15 @@ def test_stand_in_defines_only_names_the_real_wheel_has(work):
     with open(API) as f:
         real = json.load(f)
     assert api_problems(dumped, real) == []
-    # and the check has teeth: a name the real wheel lacks is reported
+    # and the check has teeth: a name the real wheel lacks, a class's other parameters, another __all__
     dumped["torch.npu"]["is_simulated"] = {"kind": "function", "signature": []}
     assert api_problems(dumped, real) == ["torch.npu.is_simulated: not in the real torch_npu 2.9.0.post2"]
+    del dumped["torch.npu"]["is_simulated"]
+    scaler = dumped["torch.npu.amp"]["GradScaler"]
+    scaler["init"] = [p for p in scaler["init"] if p["name"] != "dynamic"]
+    dumped["torch.npu"]["__all__"]["names"].append("is_simulated")
+    problems = api_problems(dumped, real)
+    assert len(problems) == 2 and problems[0].startswith("torch.npu.__all__: ") and "GradScaler: init" in problems[1], problems
 
 
 def test_committed_api_matches_the_real_wheel(tmp_path):

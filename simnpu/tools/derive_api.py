@@ -13,7 +13,8 @@ Usage::
     python simnpu/tools/derive_api.py --out -         # print instead of writing
 
 What is recorded, per module (``torch_npu``, ``torch.npu`` = ``torch_npu/npu/__init__.py``,
-and a few submodules of it): every name its top level binds (``def``, ``class``, assignments,
+and a few submodules of it): its literal ``__all__`` (``names``), the ``__init__`` parameters of the
+classes it defines (``init``), every name its top level binds (``def``, ``class``, assignments,
 ``import`` / ``from ... import`` incl. ``*``, names in a literal ``__all__``), every direct
 submodule of the package (importing ``torch_npu.x.y`` anywhere binds ``x`` on the package), and
 for ``torch_npu`` the NPU operators it copies from ``torch.ops.npu`` at import time (the literal
@@ -116,6 +117,9 @@ class Wheel:
                                       "source": module}
                 elif isinstance(node, ast.ClassDef):
                     out[node.name] = {"kind": "class", "source": module}
+                    init = next((b for b in node.body if isinstance(b, ast.FunctionDef) and b.name == "__init__"), None)
+                    if init is not None:  # the parameters a caller passes (self dropped)
+                        out[node.name]["init"] = signature(init.args)[1:]
                 elif isinstance(node, ast.Import):
                     for a in node.names:
                         if a.asname:
@@ -227,6 +231,10 @@ def derive(wheel_path: str) -> dict:
             entry = {"kind": e["kind"]}
             if e["kind"] == "function":
                 entry["signature"] = e["signature"]
+            if e["kind"] == "class" and "init" in e:
+                entry["init"] = e["init"]
+            if n == "__all__" and e.get("names"):
+                entry["names"] = e["names"]
             names[n] = entry
         modules[shown] = names
     # torch_npu copies every torch.ops.npu operator onto itself at import (a loop over

@@ -22,7 +22,6 @@ __import__("_simnpu._boot")          # build/load the C++ part, register device,
 import torch_npu.npu  # noqa: E402,F401  (binds torch_npu.npu)
 from torch_npu.version import __version__ as __version__  # noqa: E402
 
-__all__ = ["npu_fusion_attention"]
 
 
 def npu_fusion_attention(*args, **kwargs):

@@ -4,3 +4,13 @@ from _simnpu._api import *  # noqa: F401,F403
 from _simnpu._api import _get_device_index, _is_in_bad_fork, _lazy_init  # noqa: F401
 
 from . import amp, random  # noqa: F401
+
+# The real torch_npu.npu's __all__ (simnpu/api/), less the names this stand-in does not define.
+__all__ = [
+    "current_device", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
+    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
+    "is_available", "is_bf16_supported", "is_initialized", "is_jit_compile_false", "manual_seed", "manual_seed_all",
+    "matmul", "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
+    "memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed", "seed_all", "set_compile_mode",
+    "set_device", "set_rng_state", "set_rng_state_all", "synchronize",
+]
