@@ -163,7 +163,7 @@ TRANSFORMERS_5 = (
 def _package_rows() -> list[Row]:
     rows = []
     wanted = series_requirements()
-    for pkg in ("accelerate", "transformers", "papermill", "nbclient", "ipykernel"):
+    for pkg in ("accelerate", "transformers", "peft", "papermill", "nbclient", "ipykernel"):
         ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
         if not ver:
             rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements.txt"))
