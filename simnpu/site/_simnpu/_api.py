@@ -1,5 +1,8 @@
 """Functions of ``torch.npu`` for the simulated NPU. Names and parameters follow the real
 torch_npu 2.9.0.post2 (checked against simnpu/api/torch_npu-2.9.0.post2.json by the tests)."""
+import os
+import warnings
+
 import torch
 
 from . import _runtime as rt
@@ -13,6 +16,8 @@ __all__ = [
     "manual_seed", "manual_seed_all", "seed", "seed_all", "initial_seed", "get_rng_state",
     "set_rng_state", "get_rng_state_all", "set_rng_state_all", "is_bf16_supported",
     "get_amp_supported_dtype", "set_compile_mode", "is_jit_compile_false", "matmul",
+    "Stream", "Event", "StreamContext", "stream", "set_stream", "current_stream", "default_stream",
+    "get_device_capability",
 ]
 
 
@@ -263,3 +268,81 @@ class _Matmul:
 
 
 matmul = _Matmul()
+
+
+# ---- streams and events: every kernel runs synchronously on the host, so they order nothing -------
+# Built on torch's generic Stream / Event (through the C++ guard, whose stream and event hooks are
+# no-ops), so code that hands them to C++ (record_stream, FSDP2's all-gather streams) gets real ones.
+class Stream(torch.Stream):
+    def __new__(cls, device=None, priority=0, **kwargs):
+        if kwargs:  # stream_id / device_index / device_type: an existing stream, as current_stream() builds
+            return super().__new__(cls, priority=priority, **kwargs)
+        index = _get_device_index(device, optional=True)
+        return super().__new__(cls, device=torch.device("npu", index), priority=priority)
+
+    def wait_event(self, event):
+        event.wait(self)
+
+
+class Event(torch.Event):
+    def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
+        return super().__new__(cls, device=torch.device("npu", rt.current_device()), enable_timing=enable_timing,
+                               blocking=blocking, interprocess=interprocess)
+
+
+_current_streams = {}  # device index -> the stream set_stream() selected
+
+
+def _as_npu_stream(s):
+    return Stream(stream_id=s.stream_id, device_index=s.device_index, device_type=s.device_type)
+
+
+def current_stream(device=None):
+    rt.lazy_init()
+    index = _get_device_index(device, optional=True)
+    return _current_streams.get(index) or default_stream(index)
+
+
+def default_stream(device=None):
+    rt.lazy_init()
+    return _as_npu_stream(torch.accelerator.current_stream(_get_device_index(device, optional=True)))
+
+
+def set_stream(stream):
+    if stream is None:
+        return
+    _current_streams[stream.device_index] = stream
+
+
+class StreamContext:
+    """Selects ``stream_ctx`` on its device while the block runs (a no-op for None), as the real one."""
+
+    def __init__(self, stream_ctx):
+        self.stream = stream_ctx
+        self.prev = None
+
+    def __enter__(self):
+        if self.stream is not None:
+            self.prev = current_stream(self.stream.device_index)
+            set_stream(self.stream)
+
+    def __exit__(self, *exc):
+        if self.stream is not None:
+            set_stream(self.prev)
+        return False
+
+
+def stream(stream):
+    return StreamContext(stream)
+
+
+def get_device_capability(device=None):
+    """None unless TORCH_NPU_DEVICE_CAPABILITY="major.minor" is set, as the real one (it says so in a warning)."""
+    value = os.getenv("TORCH_NPU_DEVICE_CAPABILITY")
+    if not value:
+        warnings.warn("You can set the device capability via the environment variable TORCH_NPU_DEVICE_CAPABILITY. "
+                      "The return value of get_device_capability is only for compatibility with PyTorch and does not "
+                      "represent the actual capability of the NPU device.")
+        return None
+    major, minor = value.split(".")
+    return int(major), int(minor)

@@ -84,6 +84,14 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def getBackendName(self):
         return "hccl"
 
+    @property
+    def group_name(self):
+        """The name torch gave the group (DeviceMesh and the functional collectives look groups up by it); the C++
+        base raises "ProcessGroup name not set" for a Python subclass."""
+        import torch.distributed.distributed_c10d as c10d
+
+        return c10d._world.pg_names[self]
+
     def shutdown(self):
         """``destroy_process_group`` calls this. The gloo transport underneath is released here, so its
         worker threads are joined now, while the interpreter is whole: a group still referenced (by a

@@ -109,7 +109,9 @@ _NO_BF16 = not rt.BF16
 def _run(func, args, kwargs):
     if rt.in_bad_fork:
         rt.lazy_init()   # raises "Cannot re-initialize NPU in forked subprocess"
-    if func.namespace in ("c10d", "_c10d_functional"):
+    if func.namespace == "_c10d_functional" and func._schema.name.split("::")[-1] in _FUNCTIONAL:
+        return _functional_collective(func, args)
+    if func.namespace == "c10d":
         # let c10d's PrivateUse1 kernels call the 'hccl' process group (which unwraps)
         with torch._C._ExcludeDispatchKeyGuard(_PY_KS):
             return func(*args, **kwargs)
@@ -125,6 +127,8 @@ def _run(func, args, kwargs):
             host.append(x)
     tree_map(scan, (args, kwargs))
     name = func._schema.name.split("::")[-1]
+    if name == "record_stream":  # kernels run synchronously on the host: no stream outlives a tensor's use
+        return None
     if name not in _MIXED_OK:
         if len(devs) > 1:
             a, b = sorted(map(str, devs))[:2]
@@ -168,6 +172,51 @@ def _run(func, args, kwargs):
             return NPUTensor(x, out_dev)
         return x
     return tree_map(wrap, out)
+
+
+def _functional_collective(func, args):
+    """torch's functional collectives (DTensor, FSDP2, get_state_dict) find the group by name and call its C++
+    backend for the device type; the hccl group here is a Python ProcessGroup, so they are run by its methods."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch._C import _distributed_c10d as C
+
+    name = func._schema.name.split("::")[-1]
+    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
+           "product": dist.ReduceOp.PRODUCT}
+    if name == "wait_tensor":
+        return args[0]
+    if name == "all_gather_into_tensor":
+        inp, size, group = args[:3]
+        out = inp.new_empty((size * inp.shape[0], *inp.shape[1:]))
+        c10d._resolve_process_group(group)._allgather_base(out, inp.contiguous(), C.AllgatherOptions()).wait()
+        return out
+    if name == "reduce_scatter_tensor":
+        inp, op, size, group = args[:4]
+        out = inp.new_empty((inp.shape[0] // size, *inp.shape[1:]))
+        opts = C.ReduceScatterOptions()
+        opts.reduceOp = ops[op.lower()]
+        c10d._resolve_process_group(group)._reduce_scatter_base(out, inp.contiguous(), opts).wait()
+        return out
+    if name in ("all_reduce", "all_reduce_"):
+        inp, op, group = args[:3]
+        out = inp if name.endswith("_") else inp.clone()
+        opts = C.AllreduceOptions()
+        opts.reduceOp = ops[op.lower()]
+        c10d._resolve_process_group(group).allreduce([out], opts).wait()
+        return out
+    if name in ("broadcast", "broadcast_"):
+        inp, src, group = args[:3]
+        out = inp if name.endswith("_") else inp.clone()
+        opts = C.BroadcastOptions()
+        opts.rootRank = src
+        c10d._resolve_process_group(group).broadcast([out], opts).wait()
+        return out
+    raise AssertionError(name)  # _FUNCTIONAL lists the names handled above
+
+
+_FUNCTIONAL = {"wait_tensor", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_reduce_",
+               "broadcast", "broadcast_"}  # the rest (_wrap_tensor_autograd, ...) run on the host tensors
 
 
 # random kernels that take no generator argument (they draw from the default one)
@@ -314,6 +363,8 @@ _orig_load = torch.load
 
 @functools.wraps(_orig_load)
 def _load(f, map_location=None, *args, **kwargs):
+    if callable(map_location):  # npu tensors are pickled through a host copy, which takes no callable: keep them there
+        map_location = "cpu"
     out = _orig_load(f, map_location, *args, **kwargs)
     if isinstance(map_location, (str, torch.device)) and torch.device(map_location).type == "npu":
         d = npu_device(map_location)

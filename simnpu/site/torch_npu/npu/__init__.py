@@ -7,7 +7,8 @@ from . import amp, random  # noqa: F401
 
 # The real torch_npu.npu's __all__ (simnpu/api/), less the names this stand-in does not define.
 __all__ = [
-    "current_device", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
+    "Event", "Stream", "StreamContext", "current_stream", "default_stream", "get_device_capability", "set_stream",
+    "stream", "current_device", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
     "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
     "is_available", "is_bf16_supported", "is_initialized", "is_jit_compile_false", "manual_seed", "manual_seed_all",
     "matmul", "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
