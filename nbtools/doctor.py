@@ -15,7 +15,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .device import CANN_FIX, DeviceInfo, detect, installed, public_version, requires_python, same_version
+from .device import CANN_FIX, DeviceInfo, detect, installed, requires_python, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")
@@ -152,14 +152,6 @@ def _devices_row(info: DeviceInfo) -> Row:
     return Row("devices", info.label, WARN, "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)")
 
 
-# What an image that already ships transformers 5 should do while requirements.txt keeps the quick-start's <5.
-TRANSFORMERS_5 = (
-    "requirements.txt asks for <5 as the quick-start does, and `pip install -r requirements.txt` would downgrade "
-    "this one; the lessons were run on transformers 5.24 and pass (2026-12-02): to keep it, install the rest without "
-    "it: grep -v '^transformers' requirements.txt > rest.txt && pip install -r rest.txt"
-)
-
-
 def _package_rows() -> list[Row]:
     rows = []
     wanted = series_requirements()
@@ -168,9 +160,7 @@ def _package_rows() -> list[Row]:
         if not ver:
             rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements.txt"))
         elif not spec.contains(ver, prereleases=True):
-            # transformers 5 refused by the requirements (the quick-start's <5): keep it rather than downgrade
-            newer = pkg == "transformers" and Version(public_version(ver)).major >= 5
-            rows.append(Row(pkg, ver, WARN, TRANSFORMERS_5 if newer else f"requirements.txt asks for {pkg}{spec}: pip install '{pkg}{spec}'"))
+            rows.append(Row(pkg, ver, WARN, f"requirements.txt asks for {pkg}{spec}: pip install '{pkg}{spec}'"))
         else:
             rows.append(Row(pkg, ver, OK))
     if not installed("ipywidgets"):
