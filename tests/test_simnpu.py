@@ -330,9 +330,12 @@ def test_autocast_keeps_softmax_norms_and_losses_in_float32(work):
             h = F.linear(x, w)
             got = [h, torch.softmax(h, -1), F.log_softmax(h, -1), F.layer_norm(h, (3,)),
                    F.cross_entropy(h, torch.tensor([0, 1, 2, 0], device="npu")), F.mse_loss(h, h.detach()), torch.relu(h)]
+            q = torch.randn(1, 2, 4, 8, device="npu")  # float32 query and key beside a bf16 value (transformers 5's
+            got.append(F.scaled_dot_product_attention(q, q, q.bfloat16()))  # rotary leaves q, k in float32)
         print("dtypes", [str(t.dtype).split(".")[-1] for t in got])
     """, sim_env(work), work)
-    assert "dtypes ['bfloat16', 'float32', 'float32', 'float32', 'float32', 'float32', 'bfloat16']" in r.stdout, r.stdout
+    assert ("dtypes ['bfloat16', 'float32', 'float32', 'float32', 'float32', 'float32', 'bfloat16', 'bfloat16']"
+            in r.stdout), r.stdout
 
 
 def test_310p_has_no_bf16_and_one_visible_card(work):

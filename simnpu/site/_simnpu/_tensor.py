@@ -299,7 +299,7 @@ _AC = torch.library.Library("aten", "IMPL")
 _AC_KS = torch._C.DispatchKeySet(torch._C.DispatchKey.AutocastPrivateUse1)
 # ops autocast runs in the lower precision (the CUDA "lower_precision_fp" list, abridged)
 LOWER = ["mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "linear", "conv1d", "conv2d",
-         "conv3d", "_convolution", "prelu", "addmv", "addr", "chain_matmul"]
+         "conv3d", "_convolution", "prelu", "addmv", "addr", "chain_matmul", "scaled_dot_product_attention"]
 
 
 # ops autocast runs in float32 whatever the autocast dtype (the CUDA "fp32" and "fp32_set_opt_dtype" lists, abridged:
