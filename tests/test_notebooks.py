@@ -35,6 +35,9 @@ def series_report():
     """The report of the README's `ci:series` run (`--output nbtools-output/series`)."""
     if not SERIES_REPORT.is_file():
         skip_outside_ci(f"no whole-series report at {SERIES_REPORT}: run the README's ci:series command first")
+    sources = [*Path(NOTEBOOKS).glob("*.ipynb"), *(Path(ROOT) / "nbtools").glob("*.py")]
+    if SERIES_REPORT.stat().st_mtime < max(f.stat().st_mtime for f in sources):
+        skip_outside_ci(f"{SERIES_REPORT} is older than the notebooks or nbtools: rerun the README's ci:series command")
     return json.loads(SERIES_REPORT.read_text()), SERIES_REPORT.parent
 
 

@@ -109,8 +109,9 @@ _NO_BF16 = not rt.BF16
 def _run(func, args, kwargs):
     if rt.in_bad_fork:
         rt.lazy_init()   # raises "Cannot re-initialize NPU in forked subprocess"
-    if func.namespace == "_c10d_functional" and func._schema.name.split("::")[-1] in _FUNCTIONAL:
-        return _functional_collective(func, args)
+    name = func._schema.name.split("::")[-1]
+    if func.namespace == "_c10d_functional" and name in _FUNCTIONAL:
+        return _functional_collective(name, args)
     if func.namespace == "c10d":
         # let c10d's PrivateUse1 kernels call the 'hccl' process group (which unwraps)
         with torch._C._ExcludeDispatchKeyGuard(_PY_KS):
@@ -126,7 +127,6 @@ def _run(func, args, kwargs):
         elif isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dim() > 0:
             host.append(x)
     tree_map(scan, (args, kwargs))
-    name = func._schema.name.split("::")[-1]
     if name == "record_stream":  # kernels run synchronously on the host: no stream outlives a tensor's use
         return None
     if name not in _MIXED_OK:
@@ -174,14 +174,13 @@ def _run(func, args, kwargs):
     return tree_map(wrap, out)
 
 
-def _functional_collective(func, args):
+def _functional_collective(name, args):
     """torch's functional collectives (DTensor, FSDP2, get_state_dict) find the group by name and call its C++
     backend for the device type; the hccl group here is a Python ProcessGroup, so they are run by its methods."""
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
     from torch._C import _distributed_c10d as C
 
-    name = func._schema.name.split("::")[-1]
     ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
            "product": dist.ReduceOp.PRODUCT}
     if name == "wait_tensor":

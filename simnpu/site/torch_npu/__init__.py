@@ -23,7 +23,6 @@ import torch_npu.npu  # noqa: E402,F401  (binds torch_npu.npu)
 from torch_npu.version import __version__ as __version__  # noqa: E402
 
 
-
 def npu_fusion_attention(*args, **kwargs):
     raise NotImplementedError(
         "npu_fusion_attention (Ascend's fused attention kernel) is not available on the simulated NPU")
