@@ -92,10 +92,11 @@ def _cmd_answers(args) -> int:
     notebooks = discover(args.notebooks)
     _simulate(args)
     out = Path(args.output) if args.output else Path("nbtools-output") / "answers"
-    print(detect_for_kernel(args.kernel).summary())
+    info = detect_for_kernel(args.kernel)
+    print(info.summary())
     print("each answer runs a copy of its lesson changed as the answer says; most answers make a check fail on "
           "purpose, so 'failed' below is often what is expected: the verdicts are compared at the end")
-    answers = run_answers(notebooks, out, kernel=args.kernel, timeout=args.timeout)
+    answers = run_answers(notebooks, out, kernel=args.kernel, timeout=args.timeout, kind=info.kind)
     for a in answers:
         print(f"{'ok' if not a.problems else 'FAILED':>6}  {a.name}: {', '.join(f'{k} {v}' for k, v in a.spec['expect'].items())}")
         for problem in a.problems:

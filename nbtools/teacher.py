@@ -354,12 +354,18 @@ def judge(answer: Answer, verdicts: dict[str, tuple[str, str]]) -> None:
             answer.problems.append(f"{check_id}: {status}, but its reason does not match {pattern.strip()!r}: {reason[:300]}")
 
 
-def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout: float | None, log=print) -> list[Answer]:
+def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout: float | None, log=print,
+                kind: str | None = None) -> list[Answer]:
+    """Run every answer of ``notebooks``; an answer whose spec lists ``devices`` (e.g. ``["npu", "cuda"]``:
+    its checks are skipped on a CPU) runs only where the device ``kind`` is one of them."""
     from .runner import run_notebooks
 
     folder = Path(tempfile.mkdtemp(prefix="nbtools-answers-"))  # the variants; the executed copies go to output_dir
     try:
         answers = collect(notebooks, folder)
+        for a in [a for a in answers if kind and kind not in a.spec.get("devices", [kind])]:
+            log(f"not run here: {a.name} (its answer is for {', '.join(a.spec['devices'])}; this is a {kind})")
+            answers.remove(a)
         runnable = [a for a in answers if a.variant is not None]
         report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout, log=log) if runnable else None
     finally:

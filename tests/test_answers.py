@@ -118,3 +118,16 @@ def test_every_committed_answer_still_applies_to_its_lesson(tmp_path):
     assert not [(a.name, a.problems) for a in answers if a.problems]
     for a in answers:
         assert a.spec["expect"], f"{a.name}: an answer that expects nothing checks nothing"
+
+
+def test_an_answer_for_accelerators_only_is_left_out_on_a_cpu(tmp_path):
+    """08's answers make FSDP checks fail on purpose; on a CPU those checks are skipped, so the answers are not
+    run there (and not counted as passing): the run says so instead."""
+    from nbtools.teacher import exercise_cell, run_answers
+
+    said = []
+    sharding = [p for p in discover([]) if p.name == "08_sharding.ipynb"]
+    specs = exercise_cell(nbformat.read(sharding[0], as_version=4)).metadata["nbtools"]["answers"]
+    assert [s.get("devices") for s in specs] == [["npu", "cuda"]] * 2
+    assert run_answers(sharding, tmp_path, kernel="python3", timeout=1, log=said.append, kind="cpu") == []
+    assert [line.split(" (")[0] for line in said] == ["not run here: 08_sharding 练习 1", "not run here: 08_sharding 练习 2"]
