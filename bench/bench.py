@@ -48,7 +48,8 @@ from IPython.core.inputtransformer2 import TransformerManager
 import nbtools
 from nbtools import commands, magics
 from nbtools.checks import SEED_CHECKS, check_ids
-from nbtools.launcher import ABORT_RERUN_SAID, free_port, launch_spec
+from nbtools.guarded import free_port
+from nbtools.launcher import ABORT_RERUN_SAID, launch_spec
 from nbtools.params import NO_DEFAULT, parameter_defaults
 from nbtools.proctree import ProcessTree
 from nbtools.runner import SERIES_GLOB
@@ -139,11 +140,9 @@ def terminal_line(kind: str, text: str, info, device: str, num_processes: int, c
             real = commands.command_here(commands.parse(text), info, device)
         except commands.CommandNotHere:  # npu-smi off an Ascend host: the notebook skips it too
             return None
-        return commands.shown(real.argv, real.env)
+        return commands.shell_line(real.argv, real.env)
     call = commands.parse_launch(text, default_processes=num_processes)
-    spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes,
-                       mixed_precision=call.mixed_precision, device=device, timeout=None, env=call.env or None,
-                       extra_flags=tuple(call.extra_flags), cwd=cwd, info=info)  # writes the --config_file it names
+    spec = launch_spec(call, info=info, device=device, timeout=None, cwd=cwd)  # writes the --config_file it names
     return spec.shown(spec.next_port())
 
 
@@ -165,7 +164,7 @@ def run_bare(path: Path, log=print) -> dict:
     work = tempfile.mkdtemp(prefix=f"nbtools-bench-{path.stem}-")
     with contextlib.redirect_stdout(io.StringIO()):  # untimed: the notebook's setup cell, for the names its commands use
         session = nbtools.setup(**{k: params[k] for k in ("device", "num_processes", "timeout_s") if k in params},
-                                work_dir=work, echo=False)
+                                work_dir=work)
     os.chdir(origin)
     device, num_processes, info = params.get("device", "auto"), session.num_processes, session.info
     namespace = dict(params, S=session)

@@ -55,17 +55,16 @@ def measure(path: Path, script: str, n: int, log=print) -> dict:
     params, origin = defaults(path), Path.cwd()
     with tempfile.TemporaryDirectory(prefix="nbtools-teardown-") as work:
         with contextlib.redirect_stdout(io.StringIO()):
-            session = nbtools.setup(num_processes=params.get("num_processes", 2), work_dir=work, echo=False)
+            session = nbtools.setup(num_processes=params.get("num_processes", 2), work_dir=work)
         folder = Path(session.work)
         text = first_launch(path, script, dict(params, S=session), folder)
         call = commands.parse_launch(text, default_processes=session.num_processes)
-        spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes, timeout=None,
-                           env=call.env or None, cwd=folder, info=session.info)
+        spec = launch_spec(call, info=session.info, timeout=600, cwd=folder)
         aborts, failed, start = 0, 0, time.monotonic()
         for i in range(n):
             said = io.StringIO()
             with contextlib.redirect_stdout(said):
-                result = launch(spec, check=False, cwd=folder, timeout=600)
+                result = launch(spec, check=False)
             aborts += said.getvalue().count(ABORT_RERUN_SAID)
             failed += result.returncode != 0
             if (i + 1) % 10 == 0:

@@ -25,7 +25,9 @@ from .checks import (
 )
 from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
-from .launcher import Result, accelerate_launch, free_port, run_command
+from .diagnose import Result
+from .guarded import free_port, run_command
+from .launcher import accelerate_launch
 from .params import cleanup, validate, work_dir
 from .session import Session, setup
 

@@ -63,31 +63,26 @@ def program_config(text: str, name: str = "LlamaConfig") -> dict:
     raise NbtoolsError(f"no {name}(...) call in the program")
 
 
-def llama_param_count(
-    vocab_size: int = 32000,
-    hidden_size: int = 4096,
-    intermediate_size: int = 11008,
-    num_hidden_layers: int = 32,
-    num_attention_heads: int = 32,
-    num_key_value_heads: int | None = None,
-    head_dim: int | None = None,
-    tie_word_embeddings: bool = False,
-    attention_bias: bool = False,
-    mlp_bias: bool = False,
-    **_unused,
-) -> int:
-    """Parameters of ``LlamaForCausalLM`` (defaults: transformers' LlamaConfig defaults).
+# transformers' LlamaConfig defaults: what a config that leaves a field out means
+LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32,
+                  "num_attention_heads": 32, "num_key_value_heads": None, "head_dim": None,
+                  "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False}
+
+
+def llama_param_count(config: Mapping[str, object]) -> int:
+    """Parameters of ``LlamaForCausalLM`` for a ``LlamaConfig(**config)`` (a missing field: LLAMA_DEFAULTS).
 
     embeddings V*H + layers * (q,k,v,o projections + gate,up,down + two RMSNorms) + final norm H
     + lm_head V*H (unless tied to the embeddings).
     """
-    V, H, F, L = vocab_size, hidden_size, intermediate_size, num_hidden_layers
-    head_dim = head_dim or H // num_attention_heads
-    q = num_attention_heads * head_dim
-    kv = (num_key_value_heads or num_attention_heads) * head_dim
-    attention = H * q + 2 * H * kv + q * H + (q + 2 * kv + H if attention_bias else 0)
-    mlp = 3 * H * F + (2 * F + H if mlp_bias else 0)
-    return V * H + L * (attention + mlp + 2 * H) + H + (0 if tie_word_embeddings else V * H)
+    c = {**LLAMA_DEFAULTS, **config}
+    V, H, F, L = c["vocab_size"], c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
+    head_dim = c["head_dim"] or H // c["num_attention_heads"]
+    q = c["num_attention_heads"] * head_dim
+    kv = (c["num_key_value_heads"] or c["num_attention_heads"]) * head_dim
+    attention = H * q + 2 * H * kv + q * H + (q + 2 * kv + H if c["attention_bias"] else 0)
+    mlp = 3 * H * F + (2 * F + H if c["mlp_bias"] else 0)
+    return V * H + L * (attention + mlp + 2 * H) + H + (0 if c["tie_word_embeddings"] else V * H)
 
 
 def quickstart_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:

@@ -10,7 +10,7 @@ why in one line. Only these rules exist: there is no general rewriter.
 - ``command_here``: the real argv/env of a command (``%cmd``).
 - ``dispatch_rule``: the quick-start's dispatch program (``python -c``) with its two devices on this machine.
 - ``parse_launch``: a written ``accelerate launch`` split into script, flags and variables (``%launch``);
-  ``LaunchCall.why``: one line on why the launch that runs here (launcher.launch_spec) differs.
+  launcher.launch_spec decides how it runs here and why.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import NbtoolsError, ParameterError
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
+from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
 CUDA_VAR = VISIBLE_VARS["cuda"]
@@ -47,9 +47,6 @@ _LAUNCH_SWITCHES = {
     "-q", "--quiet", "--same_network", "--enable_cpu_affinity", "--downcast_bf16",
     "--tpu_use_cluster", "--tpu_use_sudo", "--vm",
 }
-# Flags the launch plan of this machine sets itself: the written ones are replaced.
-_PLAN_FLAGS = {"--num_processes", "--mixed_precision", "--multi_gpu", "--cpu", "--num_machines",
-               "--dynamo_backend", "--main_process_port"}
 
 
 class CommandNotHere(NbtoolsError):
@@ -163,9 +160,10 @@ def _quote(word: str) -> str:
     return f'"{word}"'
 
 
-def shown(argv: list[str], env: dict[str, str] | None = None) -> str:
-    """A command line as a learner would type it (env prefix included), programs kept readable."""
-    prefix = " ".join(f"{k}={_quote(v)}" for k, v in (env or {}).items())
+def shell_line(argv: list[str], env: dict[str, str | None] | None = None) -> str:
+    """A command line as a learner would type it (env prefix included; None values are not shown),
+    programs kept readable: the one shell quoting of nbtools."""
+    prefix = " ".join(f"{k}={_quote(v)}" for k, v in (env or {}).items() if v is not None)
     return (prefix + " " if prefix else "") + " ".join(_quote(w) for w in argv)
 
 
@@ -293,50 +291,27 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
 
 @dataclass
 class LaunchCall:
-    """A written ``accelerate launch`` split into what ``launcher.accelerate_launch`` takes."""
+    """An ``accelerate launch`` as written (``parse_launch``) or built (``of``); launcher.launch_spec decides it."""
 
     script: str
     script_args: list[str]
     num_processes: int
     mixed_precision: str
-    extra_flags: list[str]
+    extra_flags: list[str]  # written flags other than those the plan decides (device.PLAN_FLAGS)
     env: dict[str, str]  # written variables other than the visible-devices ones
-    written_visible: str | None
-    written: WrittenCommand  # the whole command as written: its options (--timeout, --background, ...)
+    written_visible: str | None = None
+    written: WrittenCommand | None = None  # the whole command as written: its options (--timeout, --background, ...)
     config_file: str | None = None  # the learner's own --config_file, honoured as `accelerate launch` does
     config: dict = field(default_factory=dict)  # what that file says
 
-    def why(self, plan: LaunchPlan, info: DeviceInfo) -> str:
-        """One line: why the real launch differs from the written one on this machine."""
-        n = plan.num_processes
-        if plan.fallback:
-            return (f"{n} processes asked but only {info.count} {info.kind.upper()} device(s) visible: CPU 代跑 "
-                    f"(ACCELERATE_USE_CPU=1 + --multi_gpu, a real {n}-rank gloo group); hccl/nccl are not exercised")
-        if plan.kind == "cpu":
-            if n == 1:
-                return "no NPU here: one process on the CPU (--cpu)"
-            sharded = self.config.get("distributed_type") in ("FSDP", "DEEPSPEED")
-            return (f"no NPU here: on a CPU `accelerate launch --num_processes {n}` starts ONE process; "
-                    f"ACCELERATE_USE_CPU=1 + --multi_gpu make a real {n}-rank gloo group"
-                    + (f"; Accelerate enables {self.config['distributed_type']} only on an accelerator, so this "
-                       "config runs as DDP here" if sharded else ""))
-        parts = []
-        if plan.kind == "cuda":
-            parts.append(f"CUDA here: {CUDA_VAR} instead of {ASCEND_VAR}")
-        var = VISIBLE_VARS[plan.kind]
-        if self.written_visible is not None and self.written_visible != plan.env.get(var):
-            parts.append(f"the plan for {n} process(es) uses devices {plan.env.get(var)}")
-        if n > 1:
-            parts.append("a free rendezvous port instead of 29500")
-        parts.append(self._config_why())
-        return "; ".join(parts)
-
-    def _config_why(self) -> str:
-        if self.config_file is None:
-            return ("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
-                    "`accelerate config` file of yours changes the run")
-        return (f"your --config_file {self.config_file} as written (distributed_type "
-                f"{self.config.get('distributed_type', 'NO')}), its num_processes and mixed_precision given explicitly")
+    @classmethod
+    def of(cls, script: str, *script_args: str, num_processes: int = 2, mixed_precision: str = "no",
+           env: dict[str, str] | None = None, extra_flags=()) -> LaunchCall:
+        """A launch built in code (``nbtools.accelerate_launch``), read as if it were written."""
+        flags = list(extra_flags)
+        config_file = flags[flags.index("--config_file") + 1] if "--config_file" in flags[:-1] else None
+        return cls(str(script), list(map(str, script_args)), num_processes, mixed_precision, flags, dict(env or {}),
+                   config_file=config_file, config=read_launch_config(config_file) if config_file else {})
 
 
 def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
@@ -369,7 +344,7 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
             flags[name] = words[i + 1]
             extra_part = words[i : i + 2]
             i += 2
-        if name not in _PLAN_FLAGS:
+        if name not in PLAN_FLAGS:
             extra.extend(extra_part)
     if i >= len(words):
         raise ParameterError("accelerate launch needs a script to run (e.g. train_npu.py)")

@@ -150,6 +150,23 @@ class LaunchPlan:
     note: str = ""
     # the collectives really run on torch's gloo: the CPU route, or the simulated NPU (its hccl is gloo underneath)
     gloo: bool = False
+    why: list[str] = field(default_factory=list)  # why this route differs from the quick-start's NPU command
+
+
+# `accelerate launch` flags a plan decides, with the launcher's precision and port: written ones are replaced.
+PLAN_FLAGS = frozenset({"--num_processes", "--num_machines", "--dynamo_backend", "--multi_gpu", "--cpu",
+                        "--mixed_precision", "--main_process_port"})
+
+
+def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
+    """(variables, mode flag, what they do) that start ``num_processes`` ranks on a CPU. Only this
+    combination gives a real multi-process group there (measured: ``--num_processes`` alone starts ONE
+    process; ``--multi_gpu`` alone starts N processes that each run alone)."""
+    if num_processes == 1:
+        return {}, ["--cpu"], "one process on the CPU (--cpu)"
+    env, flags = {"ACCELERATE_USE_CPU": "1"}, ["--multi_gpu"]
+    said = " + ".join([*(f"{k}={v}" for k, v in env.items()), *flags])
+    return env, flags, f"{said} make a real {num_processes}-rank gloo group"
 
 
 @dataclass
@@ -188,53 +205,47 @@ class DeviceInfo:
         if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
             raise DeviceError(f"num_processes={num_processes!r}: expected an integer >= 1")
         kind = self.resolve(device)
-        note = ""
-        fallback = False
-        if kind != "cpu" and self.count < num_processes:
-            fallback = True
+        n, note, why = num_processes, "", []
+        flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
+        if kind != "cpu" and self.count < n:
             note = (
-                f"CPU (gloo) stand-in: {num_processes} processes asked, but only {self.count} "
+                f"CPU (gloo) stand-in: {n} processes asked, but only {self.count} "
                 f"{kind.upper()} device(s) visible ({self.visible_var}={self.visible_devices or 'unset'}); "
                 f"hccl/nccl collectives are NOT exercised by this run"
             )
-            kind = "cpu"
-        env: dict[str, str] = {}
-        flags = ["--num_processes", str(num_processes), "--num_machines", "1", "--dynamo_backend", "no"]
-        if kind == "cpu":
-            devices = ["cpu"] * num_processes
-            if num_processes > 1:
-                # Only this combination gives a real multi-process group on a CPU (measured: --num_processes
-                # alone starts ONE process; --multi_gpu alone starts N processes that each run alone).
-                env["ACCELERATE_USE_CPU"] = "1"
-                flags = ["--multi_gpu", *flags]
-            else:
-                flags = ["--cpu", *flags]
-            if not note:
-                note = (
-                    f"CPU: {num_processes} process(es), gloo backend"
-                    if self.kind == "cpu"
-                    else f"CPU requested although {self.count} {self.kind.upper()} device(s) are visible"
-                )
+            env, mode, said = cpu_route(n)
+            why.append(f"{n} processes asked but only {self.count} {kind.upper()} device(s) visible: CPU 代跑 "
+                       f"({said}); hccl/nccl are not exercised")
+            kind = "fallback"
+        elif kind == "cpu":
+            env, mode, said = cpu_route(n)
+            note = f"CPU: {n} process(es), gloo backend" if self.kind == "cpu" else (
+                f"CPU requested although {self.count} {self.kind.upper()} device(s) are visible")
+            where = "no NPU here" if self.kind == "cpu" else f"device='cpu' asked on a {self.kind.upper()} machine"
+            why.append(f"{where}: " + (said if n == 1 else f"on a CPU `accelerate launch --num_processes {n}` "
+                                                          f"starts ONE process; {said}"))
         else:
-            visible = _visible_list(self.visible_devices, self.count)[:num_processes]
-            env[VISIBLE_VARS[kind]] = ",".join(visible)
-            if num_processes > 1 and kind == "cuda":
-                flags = ["--multi_gpu", *flags]
+            env = {VISIBLE_VARS[kind]: ",".join(_visible_list(self.visible_devices, self.count)[:n])}
             # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
             # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
-            devices = [f"{kind}:{i}" for i in range(num_processes)]
-            note = f"{kind.upper()}: {num_processes} process(es) on {', '.join(self.names[:num_processes]) or kind}"
+            mode = ["--multi_gpu"] if n > 1 and kind == "cuda" else []
+            if kind == "cuda":
+                why.append(f"CUDA here: {VISIBLE_VARS['cuda']} instead of {VISIBLE_VARS['npu']}"
+                           + (" and --multi_gpu" if mode else ""))
+            note = f"{kind.upper()}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
+        fallback, kind = kind == "fallback", ("cpu" if kind == "fallback" else kind)
         return LaunchPlan(
             kind=kind,
-            num_processes=num_processes,
-            backend=BACKENDS[kind] if num_processes > 1 else None,
-            distributed_type=DISTRIBUTED_TYPES[kind] if num_processes > 1 else "NO",
+            num_processes=n,
+            backend=BACKENDS[kind] if n > 1 else None,
+            distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO",
             env=env,
-            flags=flags,
-            devices=devices,
+            flags=[*mode, *flags],
+            devices=[f"{kind}:{i}" for i in range(n)] if kind != "cpu" else ["cpu"] * n,
             fallback=fallback,
             note=note,
             gloo=kind == "cpu" or (kind == "npu" and self.simulated),
+            why=why,
         )
 
     def resolve(self, device: str = "auto") -> str:

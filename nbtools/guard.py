@@ -19,7 +19,7 @@ Stopping is SIGTERM to every live descendant (``accelerate launch``'s agent then
 workers cleanly), a grace period, then SIGKILL to whatever is still alive. Only live
 descendants are signalled, and the guardian reaps its own children, so a reused pid is never
 hit. Run as a script (``python guard.py [--grace S] -- CMD ...``): it imports only the standard
-library and psutil, so it starts in a few tens of milliseconds.
+library, psutil and its sibling proctree.py (the one stop loop), so it starts in tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -35,6 +35,11 @@ import time
 
 import psutil
 
+try:  # run as a script (always, by nbtools): its sibling module; imported as nbtools.guard: the package's
+    from .proctree import descendants, terminate_then_kill
+except ImportError:
+    from proctree import descendants, terminate_then_kill
+
 PR_SET_CHILD_SUBREAPER = 36
 POLL_S = 0.02  # how soon the command's exit is noticed (it sets the launch's own overhead)
 
@@ -47,22 +52,6 @@ def _become_subreaper() -> bool:
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-def descendants() -> list[psutil.Process]:
-    """Live descendants of this process (zombies excluded)."""
-    try:
-        procs = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-    live = []
-    for p in procs:
-        try:
-            if p.status() != psutil.STATUS_ZOMBIE:
-                live.append(p)
-        except psutil.Error:
-            pass
-    return live
 
 
 _keep: set[int] = set()  # the command itself: Popen reaps it, so that its exit status is not lost
@@ -85,37 +74,10 @@ def _reap() -> None:
 
 
 def stop_all(grace: float) -> list[int]:
-    """SIGTERM every live descendant, wait up to ``grace`` s, SIGKILL the rest; the pids killed."""
-    deadline = time.monotonic() + grace
-    signalled: set[int] = set()
-    # Descendants can appear while we stop (an agent restarting a worker): signal new ones too.
-    while time.monotonic() < deadline:
-        live = descendants()
-        fresh = [p for p in live if p.pid not in signalled]
-        for p in fresh:
-            try:
-                p.terminate()
-            except psutil.Error:
-                pass
-            signalled.add(p.pid)
-        _reap()
-        if not descendants():
-            return []
-        time.sleep(0.05)
-    killed = []
-    for _ in range(5):  # a process may fork while it is being killed
-        live = descendants()
-        if not live:
-            break
-        for p in live:
-            try:
-                p.kill()
-                killed.append(p.pid)
-            except psutil.Error:
-                pass
-        psutil.wait_procs(live, timeout=1.0)
-        _reap()
-    return sorted(set(killed))
+    """Stop every live descendant (nbtools.proctree's one stop loop, new ones included); the pids killed."""
+    killed = terminate_then_kill(descendants, grace, kill_wait=1.0, reap=False)  # Popen reaps the command
+    _reap()
+    return killed
 
 
 _requested: list[str] = []

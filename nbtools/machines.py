@@ -6,8 +6,8 @@ rendezvous; what this module adds is the plumbing a notebook cell should not car
 
 - ``simulated(text)``: the real command for one machine's command as written for two Ascend
   hosts. Here every machine is a launch on this host with CPU ranks: the visible-devices
-  variable is dropped, ``ACCELERATE_USE_CPU=1`` and ``--multi_gpu`` make the ranks a real gloo
-  group (on a CPU, ``accelerate launch`` alone starts one process that runs alone).
+  variable is dropped, and the CPU route of the launch rule (device.cpu_route) makes the ranks a
+  real gloo group; Accelerate's defaults are given in a config file beside the script.
 - ``run_all(jobs)``: every job in its own thread through ``launcher.run_command`` (timeout, error markers,
   the whole process tree stopped on any way out). The first job that fails makes the others stop
   at once: they would otherwise wait for it at the rendezvous or in a collective until the
@@ -16,31 +16,32 @@ rendezvous; what this module adds is the plumbing a notebook cell should not car
   why, then each machine's output; raises a ``LaunchError`` naming the machine that failed first.
 
 A job's processes are found by a marker variable (``NBTOOLS_MACHINE``) that every process of the
-job inherits, and stopped from the top: SIGTERM to the topmost ones (the launcher's guardian, or
-``accelerate launch`` itself, whose agent ends its workers), then SIGKILL to whatever is left.
+job inherits (proctree.marked), and stopped through their guardian (proctree.stop_from_top).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import psutil
 
 from . import commands
 from .checks import LaunchError, LaunchTimeout, ParameterError
-from .launcher import Result, announce, benign_blocks, foreign_accelerate_vars, neutral_config, run_command, shell_line
-from .proctree import stop_from_top
+from .device import cpu_route
+from .diagnose import Result, benign_blocks
+from .guarded import Shown, run_command
+from .launcher import launch_config
+from .proctree import marked, stop_from_top
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
 DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
-SIMULATED_WHY = (
-    "no second host here: each machine is an `accelerate launch` on this host (127.0.0.1) with CPU ranks; "
-    "ACCELERATE_USE_CPU=1 + --multi_gpu make them one real gloo group (hccl between hosts is not exercised)"
-)
+SIMULATED_WHY = ("no second host here: each machine is an `accelerate launch` on this host (127.0.0.1) with CPU "
+                 "ranks (hccl between hosts is not exercised)")
 
 
 @dataclass
@@ -51,17 +52,12 @@ class Job:
     env: dict[str, str]
     written: str = ""
     why: str = ""
-    unset: tuple[str, ...] = ()  # variables of this environment the command must not inherit
-    hidden: list[str] = field(default_factory=list)  # arguments inserted after argv[1], not shown
 
     @property
     def shown(self) -> str:
         """The real command as a learner would type it (program name, not its full path)."""
-        return shell_line(["accelerate" if self.argv[0].endswith("/accelerate") else self.argv[0], *self.argv[1:]], self.env)
-
-    @property
-    def real_argv(self) -> list[str]:
-        return [*self.argv[:2], *self.hidden, *self.argv[2:]]
+        program = "accelerate" if self.argv[0].endswith("/accelerate") else self.argv[0]
+        return commands.shell_line([program, *self.argv[1:]], self.env)
 
 
 @dataclass
@@ -78,40 +74,30 @@ class Outcome:
         return self.result.output if self.result is not None else ""
 
 
-def simulated(text: str) -> Job:
-    """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts."""
+def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
+    """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts;
+    the config file it names (Accelerate's defaults) is written into ``folder``, where it runs."""
     written = commands.parse(text)
     if written.argv[:2] != ["accelerate", "launch"]:
         raise ParameterError(f"a machine runs `accelerate launch ...`; got `{written.text[:80]}`")
-    env = {k: v for k, v in written.env.items() if k not in DROPPED}
-    env["ACCELERATE_USE_CPU"] = "1"
-    flags = written.argv[2:]
-    if "--multi_gpu" not in flags:
-        flags = ["--multi_gpu", *flags]
-    argv = [commands.executable("accelerate"), "launch", *flags]
-    # The user's own Accelerate setup must not change the machines' launches (as for every launch).
-    unset = foreign_accelerate_vars(env)
-    return Job(argv, env, written.text, SIMULATED_WHY, unset)
+    world = dict(zip(written.argv, written.argv[1:])).get("--num_processes", "")  # every machine's ranks together
+    route_env, mode, said = cpu_route(max(int(world) if world.isdigit() else 2, 2))
+    env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **route_env}
+    # the user's own Accelerate config must not change the machines' launches: Accelerate's defaults beside them
+    config = launch_config("NO", folder) if "--config_file" not in written.argv else []
+    flags = [*(f for f in mode if f not in written.argv), *config, *written.argv[2:]]
+    # ACCELERATE_* variables of this environment must not reach them either (None: removed)
+    env.update({k: None for k in os.environ if k.startswith("ACCELERATE_") and k not in env})
+    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}; {said}")
 
 
 def processes_of(token: str) -> list[psutil.Process]:
     """Live descendants of this process that carry the job marker ``token``."""
-    found = []
-    try:
-        children = psutil.Process().children(recursive=True)
-    except psutil.Error:
-        return []
-    for proc in children:
-        try:
-            if proc.status() != psutil.STATUS_ZOMBIE and proc.environ().get(MACHINE_ENV) == token:
-                found.append(proc)
-        except psutil.Error:
-            pass
-    return found
+    return marked(MACHINE_ENV, token, within=os.getpid())
 
 
 def stop(token: str) -> bool:
-    """Stop every process of one job (its topmost first: the guardian stops its own tree). False if none was found."""
+    """Stop every process of one job through its guardian (it stops its own tree). False if none was found."""
     procs = processes_of(token)
     if not procs:
         return False
@@ -136,8 +122,8 @@ def run_all(jobs: list[Job], *, timeout: float | None, timeout_name: str = "time
     def work(i: int) -> None:
         job = jobs[i]
         try:
-            result = run_command(job.real_argv, env={**job.env, MACHINE_ENV: tokens[i]}, unset=job.unset, shown=job.shown,
-                         timeout=timeout, timeout_name=timeout_name, echo=False)
+            result = run_command(job.argv, env={**job.env, MACHINE_ENV: tokens[i]}, timeout=timeout,
+                                 echo=Shown(echo=False, command=job.shown, timeout_name=timeout_name))
             outcomes[i] = Outcome(result, ended=time.monotonic())
         except LaunchError as exc:  # non-zero exit, error marker or timeout: its own tree is already stopped
             outcomes[i] = Outcome(exc.result, exc, ended=time.monotonic())
@@ -210,13 +196,9 @@ def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str =
     jobs = [simulated(text) for text in texts]
     for rank, job in enumerate(jobs):
         print(f"# machine {rank}:")
-        print(announce(job.shown, job.written, job.why if rank == 0 else "").rstrip())
-    with neutral_config() as config_flags:  # a default config from `accelerate config` is not read
-        for job in jobs:
-            if "--config_file" not in job.argv:
-                job.hidden = config_flags
-        start = time.monotonic()
-        outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
+        print(Shown(written=job.written, why=job.why if rank == 0 else "").announce(job.shown).rstrip())
+    start = time.monotonic()
+    outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
     print_outcomes(outcomes)
     error = failure_error(outcomes, timeout)
     if error is not None:

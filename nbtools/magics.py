@@ -2,12 +2,12 @@
 
 ``%load_ext nbtools`` registers them. Each prints ``$ <command as written>``, then, where this machine
 needs another command for the same meaning, ``# runs here as: <real>`` and ``# why: <one line>``
-(rules in commands.py), streams the output (launcher.run_command / launch_spec + launch underneath: timeout,
+(rules in commands.py and launcher.py), streams the output (guarded.run_command underneath: timeout,
 whole process tree stopped, error markers) and returns an ``nbtools.Result``.
 
 Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
 ``--online`` (let Hugging Face reach the network), and for ``%launch`` ``--background`` (return a
-``launcher.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end). Without ``nbtools.setup`` the magics use device
+``guarded.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end). Without ``nbtools.setup`` the magics use device
 "auto", the kernel's cwd and a 600 s timeout.
 """
 
@@ -24,7 +24,9 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 from . import commands, session
 from .checks import LaunchError, ParameterError
 from .device import detect
-from .launcher import Result, launch, launch_spec, run_command
+from .diagnose import Result
+from .guarded import Shown, run_command
+from .launcher import launch, launch_spec
 
 DEFAULT_TIMEOUT_S = 600
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
@@ -99,18 +101,12 @@ def run_written(text: str) -> Result:
     info, device, timeout, timeout_name = _context()
     real = commands.command_here(written, info, device)
     same = real.argv == written.argv and real.env == written.env
+    shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
+                  written=None if same else written.text, why=real.why_line,
+                  timeout_name="--timeout" if written.timeout else timeout_name)
     try:
-        result = run_command(
-            real.argv,
-            env=real.env,
-            timeout=written.timeout or timeout,
-            timeout_name="--timeout" if written.timeout else timeout_name,
-            check=not written.allow_fail,
-            offline=not written.online,
-            shown=written.text if same else commands.shown(real.argv, real.env),
-            written=None if same else written.text,
-            why=real.why_line,
-        )
+        result = run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
+                             check=not written.allow_fail, offline=not written.online, echo=shown)
     except LaunchError as exc:
         return _failed(exc, written)
     return _finish(result, written)
@@ -123,20 +119,11 @@ def run_launch(text: str) -> Result:
     written = call.written
     info, device, timeout, timeout_name = _context()
     timeout = written.timeout or timeout
+    shown = Shown(written=written.text, timeout_name="--timeout" if written.timeout else timeout_name)
     try:
-        spec = launch_spec(call.script, *call.script_args, num_processes=call.num_processes,
-                           mixed_precision=call.mixed_precision, device=device, timeout=timeout, env=call.env or None,
-                           extra_flags=tuple(call.extra_flags), info=info)
-        result = launch(
-            spec,
-            timeout=timeout,
-            timeout_name="--timeout" if written.timeout else timeout_name,
-            check=not written.allow_fail,
-            offline=not written.online,
-            written=written.text,
-            why=call.why(spec.plan, info),
-            background=written.background,
-        )
+        spec = launch_spec(call, info=info, device=device, timeout=timeout)
+        result = launch(spec, check=not written.allow_fail, offline=not written.online, echo=shown,
+                        background=written.background)
     except LaunchError as exc:
         return _failed(exc, written)
     return result if written.background else _finish(result, written)

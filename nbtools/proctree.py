@@ -1,11 +1,11 @@
-"""Track and stop every process a launch started.
+"""Find and stop processes: the one walker and the one stop loop of nbtools (see README, "Layout").
 
-`accelerate launch` (torch elastic underneath) starts each worker in its OWN session
-and process group, so killing the launcher's process group leaves the workers
-running, orphaned, still holding their devices. We therefore keep a list
-of every descendant seen while the launch runs, and stop them all:
-SIGTERM to the launcher (its agent ends the workers in ~2 s), a short wait,
-then SIGKILL to whatever of the known tree is still alive.
+`accelerate launch` (torch elastic underneath) starts each worker in its OWN session and process
+group, so killing a process group leaves workers running, still holding their devices. Processes are
+therefore found by walking trees (``descendants``, ``remember``) or by the marker variable every
+process of a launch inherits (``marked``), and stopped with one loop: SIGTERM, a grace period, SIGKILL
+(``terminate_then_kill``). It imports only psutil and the standard library: the guardian (guard.py),
+which must start in milliseconds, imports it as a sibling module.
 """
 
 from __future__ import annotations
@@ -18,48 +18,9 @@ import time
 
 import psutil
 
-from .checks import LaunchTimeout
-
 # The one grace period between SIGTERM and SIGKILL for everything nbtools stops (a launch's tree,
 # a run's kernel, leftovers found by `nbtools ps`): torch elastic's agent ends its workers in ~2 s.
 GRACE = 5.0
-
-
-class ProcessTree:
-    """The launcher process and every descendant seen so far."""
-
-    def __init__(self, pid: int):
-        self.root_pid = pid
-        self.known: dict[int, psutil.Process] = {}
-        try:
-            self.root = psutil.Process(pid)
-            self.known[pid] = self.root
-        except psutil.NoSuchProcess:
-            self.root = None
-        self.refresh()
-
-    def refresh(self) -> None:
-        """Remember descendants now: once the launcher dies, orphans can no longer be found from it."""
-        if self.root is not None:
-            remember(self.root_pid, self.known)
-
-    def alive(self) -> list[psutil.Process]:
-        return [proc for proc in self.known.values() if is_alive(proc)]
-
-    def stop(self, grace: float = GRACE) -> list[int]:
-        """Stop the whole tree; returns the pids that had to be killed with SIGKILL.
-
-        Only processes still alive are signalled (psutil checks that a pid was not reused), never
-        a process group by a number that may since belong to someone else.
-        """
-        self.refresh()
-        if self.root is not None:
-            _signal(self.root, signal.SIGTERM)  # the launcher first: its agent ends its workers cleanly
-        return terminate_then_kill(self.alive(), grace)
-
-    def leftovers(self) -> list[psutil.Process]:
-        """Known descendants (not the launcher) still alive after the launcher ended."""
-        return [p for p in self.alive() if p.pid != self.root_pid]
 
 
 def is_alive(proc: psutil.Process) -> bool:
@@ -68,6 +29,29 @@ def is_alive(proc: psutil.Process) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def descendants(pid: int | None = None) -> list[psutil.Process]:
+    """Live descendants (zombies excluded) of ``pid``, default this process."""
+    try:
+        return [p for p in psutil.Process(pid).children(recursive=True) if is_alive(p)]
+    except psutil.Error:
+        return []
+
+
+def marked(name: str, value=None, within: int | None = None) -> list[psutil.Process]:
+    """Live processes whose environment holds ``name`` (equal to ``value``, or ``value(v)`` true when it is a
+    function): the descendants of ``within``, or every process of this user when it is None."""
+    procs = psutil.process_iter() if within is None else descendants(within)
+    found = []
+    for proc in procs:
+        try:
+            v = proc.environ().get(name) if proc.pid != os.getpid() and is_alive(proc) else None
+        except (psutil.Error, OSError):
+            continue  # another user's process, or gone
+        if v is not None and (value is None or (value(v) if callable(value) else v == value)):
+            found.append(proc)
+    return found
 
 
 def remember(pid: int, known: dict[int, psutil.Process]) -> None:
@@ -113,16 +97,33 @@ def kill_now(pid: int) -> None:
 def terminate_then_kill(procs, grace: float = GRACE, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
     """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL.
 
-    ``reap=False`` waits without reaping: for children whose own parent code (multiprocessing's
-    ``join``, torch elastic) must still read their exit codes.
+    ``procs`` is a list, or a function that lists them again (the guardian's ``descendants``): then what
+    appears while they stop (an agent restarting a worker, a fork) is signalled too. ``reap=False`` waits
+    without reaping: for children whose own parent code (multiprocessing's ``join``, torch elastic) must
+    still read their exit codes.
     """
-    procs = list(procs)
-    for proc in procs:
-        _signal(proc, signal.SIGTERM)
-    still = _wait(procs, grace, reap)
-    killed = [p.pid for p in still if _signal(p, signal.SIGKILL)]
-    _wait(still, kill_wait, reap)
-    return killed
+    fixed = None if callable(procs) else list(procs)
+    listing = procs if fixed is None else (lambda: [p for p in fixed if is_alive(p)])
+    deadline = time.monotonic() + grace
+    signalled: set[int] = set()
+    empty = 0  # a listing function: nothing alive twice in a row, 50 ms apart (a re-parented orphan may lag)
+    while (live := listing()) or (fixed is None and empty < 2):
+        empty = 0 if live else empty + 1
+        for proc in live:
+            if proc.pid not in signalled and _signal(proc, signal.SIGTERM):
+                signalled.add(proc.pid)
+        if time.monotonic() >= deadline:
+            break
+        if live:
+            _wait(live, min(0.1, deadline - time.monotonic()), reap)
+        else:
+            time.sleep(0.05)
+    killed: list[int] = []
+    for _ in range(5 if fixed is None else 1):  # a process may fork while it is being killed
+        live = listing()
+        killed += [p.pid for p in live if _signal(p, signal.SIGKILL)]
+        _wait(live, kill_wait if live else 0, reap)
+    return sorted(set(killed))
 
 
 def _wait(procs: list[psutil.Process], timeout: float, reap: bool) -> list[psutil.Process]:
@@ -153,8 +154,9 @@ def time_limit(seconds: float, what: str, grace: float = 15.0):
     the main thread is interrupted. Either way the block ends with a ``LaunchTimeout`` naming
     ``what``, the limit and the pids that were stopped, instead of a cell that hangs for good.
     """
-    me = psutil.Process()
-    before = {p.pid for p in me.children(recursive=True)}
+    from .checks import LaunchTimeout  # here, not at the top: the guardian imports this module alone
+
+    before = {p.pid for p in descendants()}
     fired = threading.Event()
     done = threading.Event()
     stopped: list[int] = []
@@ -163,7 +165,7 @@ def time_limit(seconds: float, what: str, grace: float = 15.0):
         if done.is_set():
             return
         fired.set()
-        new = [p for p in me.children(recursive=True) if p.pid not in before]
+        new = [p for p in descendants() if p.pid not in before]
         stopped.extend(p.pid for p in new)
         terminate_then_kill(new, grace=3.0, kill_wait=1.0, reap=False)
         if not done.wait(grace):

@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from .launcher import GUARD, MARKER_ENV
-from .proctree import GRACE, stop_from_top
+from .guarded import GUARD, MARKER_ENV
+from .proctree import GRACE, marked, stop_from_top
 
 
 @dataclass
@@ -53,34 +53,22 @@ class Launch:
     processes: list[LaunchProcess] = field(default_factory=list)
 
 
-def _mark(proc: psutil.Process) -> str | None:
-    try:
-        return proc.environ().get(MARKER_ENV)
-    except (psutil.Error, OSError):
-        return None  # another user's process, or gone
-
-
 def find() -> list[Launch]:
     """Every launch with a live process, except the one this process belongs to."""
     own = os.environ.get(MARKER_ENV)
-    me = os.getpid()
     groups: dict[str, Launch] = {}
     now = time.time()
-    for proc in psutil.process_iter(["pid", "cmdline", "create_time", "status", "ppid"]):
-        if proc.info["pid"] == me or proc.info["status"] == psutil.STATUS_ZOMBIE:
-            continue
-        mark = _mark(proc)
-        if not mark or mark == own:
+    for proc in marked(MARKER_ENV, lambda mark: mark != own):
+        try:
+            mark, cmd, created = proc.environ()[MARKER_ENV], proc.cmdline(), proc.create_time()
+        except (psutil.Error, KeyError):
             continue
         launch_id, _, starter = mark.partition(":")
         starter_pid = int(starter) if starter.isdigit() else 0
         if launch_id not in groups:
             groups[launch_id] = Launch(launch_id, starter_pid, bool(starter_pid) and psutil.pid_exists(starter_pid))
-        cmd = proc.info["cmdline"] or []
         role = "guardian" if GUARD in cmd else "worker"
-        groups[launch_id].processes.append(
-            LaunchProcess(proc.info["pid"], now - (proc.info["create_time"] or now), role, " ".join(cmd).replace("\n", " "))
-        )
+        groups[launch_id].processes.append(LaunchProcess(proc.pid, now - created, role, " ".join(cmd).replace("\n", " ")))
     for launch in groups.values():
         guardians = {p.pid for p in launch.processes if p.role == "guardian"}
         for p in launch.processes:

@@ -31,7 +31,7 @@ import jinja2
 import nbformat
 
 from .checks import check_ids
-from .commands import shown
+from .commands import shell_line
 from .device import device_line
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
@@ -98,7 +98,7 @@ TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/":
 
 def parameters_line(parameters: dict) -> str:
     """The run's ``-p NAME=VALUE`` options, quoted as a shell takes them back (both reports show this)."""
-    return shown([word for name, value in parameters.items() for word in ("-p", f"{name}={value}")])
+    return shell_line([word for name, value in parameters.items() for word in ("-p", f"{name}={value}")])
 
 
 def context(report: RunReport) -> dict:

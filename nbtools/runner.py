@@ -423,14 +423,15 @@ def run_notebooks(
     kernel: str = DEFAULT_KERNEL,
     timeout: float | None = 1800,
     keep_work: bool = False,
-    log=print,
     info: DeviceInfo | None = None,
 ) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
     of that notebook's default. Every conversion is checked before the first kernel starts.
+    Progress goes to stdout (redirect it to silence the run).
     """
+    log = print
     plan = _Plan.read(notebooks, dict(parameters or {}))
     info = info or detect_for_kernel(kernel)
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import params, proctree
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
+from .guarded import GUARD, MARKER_ENV
 from .params import cleanup, unattended, validate
 
 NEEDS_REAL_NPU = "needs a real NPU"
@@ -97,9 +98,7 @@ class Session:
         self.closed = True
         if _CURRENT is self:
             _CURRENT = None
-        from .launcher import Background  # the launch part sits above the session's core imports
-
-        for command in Background.stop_all():
+        for command in stop_launches():
             print(f"stopped a background launch still running: {command}")
         try:
             os.chdir(self.origin)
@@ -113,6 +112,22 @@ class Session:
                 f"{self.plan.backend}, work={str(self.work)!r}{', closed' if self.closed else ''})")
 
 
+def stop_launches() -> list[str]:
+    """Stop every launch this process started that still runs (``%launch --background``): found by the marker
+    its guardian carries (``<launch id>:<this pid>``) and stopped through that guardian. Their commands."""
+    procs = proctree.marked(MARKER_ENV, lambda mark: mark.endswith(f":{os.getpid()}"), within=os.getpid())
+    guardians = [p for p in procs if GUARD in _cmdline(p)]
+    proctree.stop_from_top(procs, guardians)
+    return [" ".join(_cmdline(g)[_cmdline(g).index("--") + 1:]) if "--" in _cmdline(g) else str(g.pid) for g in guardians]
+
+
+def _cmdline(proc) -> list[str]:
+    try:
+        return proc.cmdline()
+    except Exception:  # gone meanwhile
+        return []
+
+
 def setup(
     device: str = "auto",
     num_processes: int = 2,
@@ -120,7 +135,6 @@ def setup(
     work_dir: str = "",
     keep_work_dir: bool = False,
     *,
-    echo: bool = True,
     info: DeviceInfo | None = None,
     allow_broken: bool = False,
 ) -> Session:
@@ -146,8 +160,7 @@ def setup(
     session = Session(info, plan, device, num_processes, timeout_s, work, keep_work_dir, origin)
     os.chdir(work)
     _CURRENT = session
-    if echo:
-        print("\n".join(session.platform_lines()))
+    print("\n".join(session.platform_lines()))
     return session
 
 

@@ -367,7 +367,7 @@ def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout
             log(f"not run here: {a.name} (its answer is for {', '.join(a.spec['devices'])}; this is a {kind})")
             answers.remove(a)
         runnable = [a for a in answers if a.variant is not None]
-        report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout, log=log) if runnable else None
+        report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout) if runnable else None
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for a in runnable:

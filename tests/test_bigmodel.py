@@ -49,7 +49,7 @@ def test_program_config_reads_the_literal_keywords():
 
 def test_the_quick_starts_big_model_has_85_million_float32_parameters():
     cfg = bigmodel.program_config(DISPATCH)
-    assert bigmodel.llama_param_count(**cfg) == 85_217_792  # 341 MB in float32, not "80M bf16, 160 MB"
+    assert bigmodel.llama_param_count(cfg) == 85_217_792  # 341 MB in float32, not "80M bf16, 160 MB"
 
 
 @pytest.mark.parametrize(
@@ -72,7 +72,7 @@ def test_llama_param_count_matches_transformers(cfg):
     with init_empty_weights():
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
     model.tie_weights()  # what from_pretrained does; parameters() counts a tied tensor once
-    assert bigmodel.llama_param_count(**cfg) == sum(p.numel() for p in model.parameters())
+    assert bigmodel.llama_param_count(cfg) == sum(p.numel() for p in model.parameters())
 
 
 def test_quickstart_device_map_halves_the_layers():

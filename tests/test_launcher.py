@@ -3,6 +3,7 @@ rank, a busy port 29500, error markers, and interrupts. No mocks."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import signal
@@ -17,8 +18,8 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 import nbtools
-from nbtools import LaunchError, LaunchTimeout, launcher
-from nbtools.launcher import unglue_warning
+from nbtools import LaunchError, LaunchTimeout, commands, diagnose, launcher
+from nbtools.diagnose import unglue_warning
 
 WORKER = textwrap.dedent(
     """
@@ -152,7 +153,10 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     assert result.kv["debug_mode"] == "unset", "the user's `debug: true` or exported ACCELERATE_DEBUG_MODE reached the ranks"
     assert result.kv["visible"] == plan.env.get(str(nbtools.detect().visible_var), "unset"), result.kv
     # The same launch reading the user's config is a different launch: the fixture really bites.
-    leaked = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False, check=False, isolate_config=False)
+    spec = launcher.launch_spec(commands.LaunchCall.of(worker, num_processes=2), timeout=180)
+    assert spec.flags[0] == "--config_file"
+    bare = dataclasses.replace(spec, flags=spec.flags[2:]).argv(nbtools.free_port())  # without the launcher's config
+    leaked = nbtools.run_command(bare, env=dict(spec.env), timeout=180, check=False, echo=False)
     assert leaked.returncode != 0 or leaked.kv.get("debug_mode") == "true", leaked.output[-2000:]
 
 
@@ -351,8 +355,8 @@ def test_the_teardown_abort_rerun_is_gloo_s_only(kind, simulated, rerun):
                               visible_var=None if kind == "cpu" else "V", visible_devices=None)
     plan = info.plan(2)
     aborted = "eval_world=2\nterminate called without an active exception\n"
-    assert launcher._gloo_exit_abort(aborted, plan) is rerun
-    assert launcher._gloo_exit_abort("[rank1]: Traceback (most recent call last):\n" + aborted, plan) is False
+    assert diagnose.gloo_exit_abort(aborted, plan) is rerun
+    assert diagnose.gloo_exit_abort("[rank1]: Traceback (most recent call last):\n" + aborted, plan) is False
     if rerun:
         line = launcher._retry_line("abort", None, 1, plan)
         assert ("not a property of hccl" in line) is simulated and ("on CPU" in line) is (kind == "cpu"), line

@@ -330,7 +330,7 @@ def test_background_launch_is_stopped_by_close_or_restart(kernel, tmp_path, how)
     assert f"{script} > quiet_ranks.log 2>&1 &" in out, out  # the printed line runs as printed, in background
     _wait_ready(script)
     if how == "close":
-        closed = _run_cell(kc, "S.close()\nprint('exit code:', bg.returncode)")
+        closed = _run_cell(kc, "S.close()\nprint('exit code:', bg.wait(10))")
         assert "stopped a background launch still running" in closed and "exit code: None" not in closed, closed
     else:
         km.restart_kernel()
@@ -346,11 +346,9 @@ def test_background_is_a_launch_option_only():
 
 def test_background_can_be_asked_again_once_it_ended(tmp_path, monkeypatch):
     """wait(), stop() and repr after the end read the one status the guardian wrote, not a closed pipe."""
-    from nbtools.launcher import Background, run_command
+    from nbtools.guarded import start_background
 
     monkeypatch.chdir(tmp_path)
-    bg = run_command([sys.executable, "-c", "print('hi')"], cwd=tmp_path, background=True, echo=False)
-    assert isinstance(bg, Background)
+    bg = start_background([sys.executable, "-c", "print('hi')"], cwd=tmp_path, echo=False)
     assert bg.wait(timeout=60) == 0 and bg.wait() == 0 and bg.stop() == 0
     assert "exit 0" in repr(bg) and "hi" in bg.output
-    assert bg not in Background.running_now

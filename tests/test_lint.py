@@ -34,14 +34,13 @@ MAX_FUNCTION_LINES = 60
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
     "core": (0, {"device", "params", "checks", "proctree"}),
-    "launch": (1, {"commands", "launcher", "guard", "ps", "machines", "session", "magics"}),
+    "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guard", "ps", "machines", "session", "magics"}),
     "run": (2, {"runner", "kernels", "report", "teacher", "doctor"}),
     "lessons": (2, {"bigmodel", "ranks"}),
     "entry": (3, {"__init__", "__main__"}),
 }
-# The only modules that send signals that stop processes: proctree, and the guardian, which imports
-# nothing of nbtools so that it starts in milliseconds.
-SIGNAL_SENDERS = {"proctree", "guard"}
+# The only module that sends signals that stop processes: proctree (the guardian uses its stop loop).
+SIGNAL_SENDERS = {"proctree"}
 STOP_CALLS = {"killpg", "terminate", "kill", "send_signal"}
 
 

@@ -3,6 +3,7 @@ once where the first failure stops the others. Real processes, no mocks."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 import uuid
@@ -23,7 +24,8 @@ def py(code: str) -> Job:
     return Job([sys.executable, "-c", code], {})
 
 
-def test_simulated_keeps_the_written_command_and_runs_cpu_ranks():
+def test_simulated_keeps_the_written_command_and_runs_cpu_ranks(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     job = simulated(WRITTEN)
     assert job.written == WRITTEN
     assert job.env == {"ACCELERATE_USE_CPU": "1"}  # the NPU variable is dropped, the CPU route added
@@ -32,11 +34,14 @@ def test_simulated_keeps_the_written_command_and_runs_cpu_ranks():
     assert flags.count("--multi_gpu") == 1
     assert flags[flags.index("--machine_rank") + 1] == "1" and flags[flags.index("--num_processes") + 1] == "4"
     assert flags[-1] == "multinode_check.py"
-    assert job.shown.startswith("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_machines 2")
-    assert "hccl" in job.why
+    assert job.shown.startswith("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --config_file accelerate_config_no.json "
+                                "--num_machines 2")
+    assert json.loads((tmp_path / "accelerate_config_no.json").read_text())["distributed_type"] == "NO"
+    assert "hccl" in job.why and "a real 4-rank gloo group" in job.why  # --num_processes counts every machine's ranks
 
 
-def test_simulated_does_not_repeat_a_written_multi_gpu_and_keeps_other_variables():
+def test_simulated_does_not_repeat_a_written_multi_gpu_and_keeps_other_variables(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     job = simulated("HCCL_IF_IP=10.0.0.1 accelerate launch --multi_gpu --machine_rank 0 x.py")
     assert job.argv[2:].count("--multi_gpu") == 1
     assert job.env == {"HCCL_IF_IP": "10.0.0.1", "ACCELERATE_USE_CPU": "1"}
@@ -91,7 +96,8 @@ def test_a_timeout_stops_every_job_and_says_so():
     assert wait_gone(token) == []
 
 
-def test_run_machines_raises_naming_the_machine_that_failed(capsys):
+def test_run_machines_raises_naming_the_machine_that_failed(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     # Two written machine commands whose script does not exist: both fail fast, and the cell says which first.
     port = free_port()
     texts = [
@@ -107,10 +113,12 @@ def test_run_machines_raises_naming_the_machine_that_failed(capsys):
     assert "failed first" in str(err.value)
 
 
-def test_simulated_keeps_the_users_accelerate_variables_out(monkeypatch):
+def test_simulated_keeps_the_users_accelerate_variables_out(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     job = simulated(WRITTEN)
-    assert "ACCELERATE_MIXED_PRECISION" in job.unset and "ACCELERATE_USE_CPU" not in job.unset
+    assert job.env["ACCELERATE_MIXED_PRECISION"] is None and job.env["ACCELERATE_USE_CPU"] == "1"  # None: removed
+    assert "ACCELERATE_MIXED_PRECISION" not in job.shown
 
 
 SCRIPT = """
@@ -138,10 +146,13 @@ def test_two_machines_meet_in_one_group_whatever_the_users_config(tmp_path, monk
         f"--main_process_ip 127.0.0.1 --main_process_port {port} --same_network {script}"
         for r in range(2)
     ]
+    monkeypatch.chdir(tmp_path)
     results = run_machines(texts, timeout=240)
     for r, result in enumerate(results):
         assert f"machine={r} rank={r} world=2 type=MULTI_CPU precision=no" in result.output, result.output[-2000:]
-    assert "--config_file" not in capsys.readouterr().out  # the neutral config is not part of the shown command
+    # the config that keeps the user's out is in the shown command and stays beside it: pasted, it runs as shown
+    assert capsys.readouterr().out.count("--config_file accelerate_config_no.json") == 2
+    assert (tmp_path / "accelerate_config_no.json").is_file()
 
 
 # torch's log formatter repeats the record's prefix on every line, the traceback's included (seen with torch 2.14:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbtools
-from nbtools import LaunchError, ParameterError, commands, params, session
+from nbtools import LaunchError, ParameterError, commands, device, launcher, params, session
 from nbtools.commands import CHECK_TORCH, CHECK_TORCH_WITHOUT_NPU, CommandNotHere
 from nbtools.device import from_probe
 
@@ -114,15 +114,27 @@ def test_parse_launch_splits_flags_script_and_args():
         commands.parse_launch("accelerate launch --num_processes 2")
 
 
-def test_launch_why_names_the_reason_of_each_machine():
+def why(call, machine, tmp_path):
+    return launcher.launch_spec(call, info=info(machine), cwd=tmp_path).why
+
+
+def test_launch_why_names_the_reason_of_each_machine(tmp_path):
     call = commands.parse_launch("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py")
-    cpu = call.why(info(CPU).plan(2), info(CPU))
+    cpu = why(call, CPU, tmp_path)
     assert "starts ONE process" in cpu and "ACCELERATE_USE_CPU=1 + --multi_gpu" in cpu
-    fallback = call.why(info(NPU1).plan(2), info(NPU1))
+    fallback = why(call, NPU1, tmp_path)
     assert "CPU 代跑" in fallback and "only 1 NPU" in fallback
-    npu = call.why(info(NPU2).plan(2), info(NPU2))
+    npu = why(call, NPU2, tmp_path)
     assert "free rendezvous port instead of 29500" in npu and "defaults given explicitly" in npu
-    assert "CUDA_VISIBLE_DEVICES" in call.why(info(CUDA2).plan(2), info(CUDA2))
+    assert "CUDA_VISIBLE_DEVICES" in why(call, CUDA2, tmp_path)
+
+
+def test_the_why_line_follows_the_plan(tmp_path, monkeypatch):
+    """The why line is made from the plan's own decisions: change the CPU route and the line follows."""
+    call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
+    monkeypatch.setattr(device, "cpu_route", lambda n: ({"ACCELERATE_USE_CPU": "1"}, ["--use_fsdp"], "X + --use_fsdp"))
+    spec = launcher.launch_spec(call, info=info(CPU), cwd=tmp_path)
+    assert "--use_fsdp" in spec.shown(None) and "X + --use_fsdp" in spec.why and "--multi_gpu" not in spec.shown(None)
 
 
 def test_a_learners_config_file_is_read_for_processes_and_precision_and_named_in_the_why(tmp_path):
@@ -132,15 +144,16 @@ def test_a_learners_config_file_is_read_for_processes_and_precision_and_named_in
     assert (call.num_processes, call.mixed_precision, call.extra_flags) == (3, "bf16", ["--config_file", str(config)])
     written = commands.parse_launch(f"accelerate launch --config_file {config} --num_processes 2 --mixed_precision no t.py")
     assert (written.num_processes, written.mixed_precision) == (2, "no")  # the command line wins, as in accelerate
-    npu = call.why(info(NPU2).plan(2), info(NPU2))
-    assert f"your --config_file {config} as written (distributed_type FSDP)" in npu and "defaults given" not in npu
-    assert "enables FSDP only on an accelerator, so this config runs as DDP here" in call.why(info(CPU).plan(3), info(CPU))
+    npu = launcher.launch_spec(written, info=info(NPU2), cwd=tmp_path)
+    assert f"your --config_file {config} as written (distributed_type FSDP)" in npu.why and "defaults given" not in npu.why
+    assert npu.shown(None).count("--config_file") == 1
+    assert "enables FSDP only on an accelerator, so this config runs as DDP here" in why(call, CPU, tmp_path)
     with pytest.raises(ParameterError, match="cannot read it"):
         commands.parse_launch(f"accelerate launch --config_file {tmp_path / 'missing.yaml'} t.py")
 
 
 def test_shown_keeps_a_program_readable():
-    assert commands.shown(["python", "-c", "print('a b')"], {"A": "1"}) == "A=1 python -c \"print('a b')\""
+    assert commands.shell_line(["python", "-c", "print('a b')"], {"A": "1"}) == "A=1 python -c \"print('a b')\""
 
 
 # ---------------------------------------------------------------- the magics with real processes
@@ -272,9 +285,9 @@ def test_setup_interactive_makes_a_persistent_folder_and_chdirs(tmp_path, monkey
     S.close()
     assert Path.cwd() == tmp_path and (S.work / "train_npu.py").exists()
     assert "kept" in capsys.readouterr().out
-    S2 = nbtools.setup(info=info(CPU), echo=False)  # the same folder again: the learner's files stay
+    S2 = nbtools.setup(info=info(CPU))  # the same folder again: the learner's files stay
     assert S2.work == S.work and (S2.work / "train_npu.py").exists()
-    nbtools.setup(info=info(CPU), echo=False)  # setup cell run twice: starts from the original cwd again
+    nbtools.setup(info=info(CPU))  # setup cell run twice: starts from the original cwd again
     assert session.current().origin == tmp_path
     session.current().close()
     assert Path.cwd() == tmp_path
@@ -283,7 +296,7 @@ def test_setup_interactive_makes_a_persistent_folder_and_chdirs(tmp_path, monkey
 def test_setup_unattended_uses_a_temp_folder_removed_by_close(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(session, "unattended", lambda: True)
-    S = nbtools.setup(info=info(CPU), echo=False)
+    S = nbtools.setup(info=info(CPU))
     assert Path.cwd() == S.work and not S.work.is_relative_to(tmp_path) and S.work.exists()
     assert stat.S_IMODE(os.stat(S.work).st_mode) == 0o700  # private: others on a shared machine cannot read it
     S.close()
@@ -295,14 +308,14 @@ def test_setup_with_an_existing_work_dir_never_removes_it(tmp_path, monkeypatch,
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("the learner's file")
-    S = nbtools.setup(work_dir=str(mine), info=info(CPU), echo=False)
+    S = nbtools.setup(work_dir=str(mine), info=info(CPU))
     assert S.work == mine
     S.close()
     assert (mine / "notes.txt").exists() and "left in place" in capsys.readouterr().out
-    S = nbtools.setup(work_dir=str(tmp_path / "new"), keep_work_dir=False, info=info(CPU), echo=False)
+    S = nbtools.setup(work_dir=str(tmp_path / "new"), keep_work_dir=False, info=info(CPU))
     S.close()
     assert not (tmp_path / "new").exists()  # made by nbtools, not kept: removed
-    S = nbtools.setup(work_dir=str(tmp_path / "kept"), keep_work_dir=True, info=info(CPU), echo=False)
+    S = nbtools.setup(work_dir=str(tmp_path / "kept"), keep_work_dir=True, info=info(CPU))
     S.close()
     assert (tmp_path / "kept").exists()
 

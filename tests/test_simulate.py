@@ -140,7 +140,7 @@ def test_ranks_that_see_one_card_do_not_pass_as_two(tmp_path):
         info = detect(refresh=True)  # healthy: two simulated cards
         assert info.simulated and info.count == 2, info.summary()
         os.environ["SIMNPU_FAULT"] = "one_device"  # from here on, what the kernels and ranks see
-        report = run_notebooks([Path(NOTEBOOKS) / "01_training.ipynb"], tmp_path / "out", info=info, log=lambda *_: None)
+        report = run_notebooks([Path(NOTEBOOKS) / "01_training.ipynb"], tmp_path / "out", info=info)
     finally:
         os.environ.clear()
         os.environ.update(saved)

@@ -25,8 +25,8 @@ import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools.checks import check_ids
-from nbtools.launcher import free_port
-from nbtools.proctree import ProcessTree
+from nbtools.guarded import free_port
+from nbtools.proctree import is_alive, remember, terminate_then_kill
 
 STDERR_MIME = "application/vnd.jupyter.stderr"
 
@@ -62,7 +62,7 @@ class Lab:
         self.log_path = base / "jupyterlab.log"
         self.token = secrets.token_hex(24)
         self.proc: subprocess.Popen | None = None
-        self.tree: ProcessTree | None = None
+        self.tree: dict | None = None  # pid -> psutil.Process: the server and every descendant seen
         self.port = 0
 
     @property
@@ -116,7 +116,8 @@ class Lab:
                 cwd=self.base, start_new_session=True,
             )
             log.close()
-            self.tree = ProcessTree(self.proc.pid)
+            self.tree = {}
+            remember(self.proc.pid, self.tree)
             deadline = time.monotonic() + SERVER_START
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
@@ -175,7 +176,8 @@ class Lab:
             except (urllib.error.URLError, OSError):
                 pass
         if self.tree is not None:
-            self.tree.stop(grace=10.0)
+            remember(self.proc.pid, self.tree)  # kernels started since; once the server is gone they cannot be found
+            terminate_then_kill([p for p in self.tree.values() if is_alive(p)], grace=10.0)
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:

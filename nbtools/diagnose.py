@@ -1,0 +1,195 @@
+"""Read what a command printed: its ``Result``, whether it failed, which rank failed first, and why.
+
+A launch fails on a non-zero exit, on an error marker in its output (ERROR_MARKERS: the quick-start's
+doc-test engine fails a run on them), or on its timeout. The one benign exception is torch elastic's
+exit-barrier traceback after a clean exit (``benign_blocks``). Known symptoms get a hint (HINTS).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .checks import LaunchError, parse_kv
+from .device import CANN_FIX, LaunchPlan
+
+# The quick-start's doc-test engine fails a run whose output holds any of these.
+ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
+# Known symptoms in a failed launch's output, and what to do about them.
+HINTS = (
+    (
+        "terminate called without an active exception",
+        "a rank aborted in gloo's teardown (gloo aborts at exit): end the script with "
+        "accelerator.end_training(); if it already does, this is a rare torch teardown race: run it again",
+    ),
+    (
+        "EADDRINUSE",
+        "another process holds this rendezvous port (two launches at once?): pass a free one with "
+        "--main_process_port (nbtools.accelerate_launch picks one itself)",
+    ),
+    ("libhccl.so", f"CANN's libraries are not loaded: {CANN_FIX}"),
+    (
+        "Cannot re-initialize NPU in forked subprocess",
+        "the NPU was initialised in this kernel before notebook_launcher forked: restart the kernel "
+        "and call notebook_launcher before any .to('npu')",
+    ),
+)
+
+# A warning that one rank writes between another rank's text and its newline (unbuffered, print() writes
+# the two separately) lands in the middle of that line: `epoch=3 train_loss=0.0898/.../c10d_logger.py:83:
+# FutureWarning: ...`. It is put back on a line of its own. Two kinds: Python's ("<file>.py:<line>:
+# <Category>Warning: ") and torch's C++ log lines ("[rank1]:[W1201 23:22:48.794764329 logger.cpp:329] ").
+_WARNING_START = re.compile(
+    r"(?:/|[A-Za-z]:\\)[^\s:]*\.py:\d+: \w*Warning: "
+    r"|(?:\[(?:rank|default)\d+\]:)?\[[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d* *[\w./-]+:\d+\] "
+)
+
+
+def unglue_warning(line: str) -> str:
+    """``line`` with a warning glued into its middle moved onto a line of its own."""
+    m = _WARNING_START.search(line)
+    if m is None or m.start() == 0 or line[m.start() - 1].isspace():
+        return line
+    return line[: m.start()] + "\n" + line[m.start():]
+
+
+@dataclass
+class Result:
+    command: str  # as a learner would type it
+    argv: list[str]
+    returncode: int
+    output: str
+    duration_s: float
+    plan: LaunchPlan | None = None
+    port: int | None = None
+    killed: list[int] = field(default_factory=list)
+    written: str | None = None  # the command as the learner wrote it, when it differs from ``command``
+    notes: list[str] = field(default_factory=list)  # benign oddities the launcher recognised and explained
+
+    @property
+    def kv(self) -> dict[str, str]:
+        """``key=value`` lines of the output (see expected.parse_kv)."""
+        return parse_kv(self.output)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def __repr__(self) -> str:  # a cell ending in `%cmd ...` shows this, below the streamed output
+        lines = len(self.output.splitlines())
+        return f"<Result: exit {self.returncode}, {lines} line(s) of output in {self.duration_s:.1f} s>"
+
+
+def _tail(text: str, n: int = 25) -> str:
+    return "\n".join("    " + ln for ln in text.rstrip().splitlines()[-n:])
+
+
+def failing_rank(output: str) -> int | None:
+    """The first rank whose own traceback appears, else the rank torch elastic names as root cause."""
+    tb = re.search(r"^\[rank(\d+)\]:\s*Traceback", output, re.MULTILINE)
+    if tb:
+        return int(tb.group(1))
+    root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
+    return int(root.group(1)) if root else None
+
+
+def _rank_lines(output: str, rank: int, n: int = 20) -> str:
+    mine = [ln for ln in output.splitlines() if ln.startswith(f"[rank{rank}]:")]
+    return "\n".join("    " + ln for ln in mine[-n:])
+
+
+def gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
+    """A gloo launch (CPU, or the simulated NPU's hccl) whose only failure is a rank aborting in teardown,
+    with no Python error. Never a real NPU's or GPU's: hccl and nccl get no rerun."""
+    return (
+        plan.gloo
+        and "terminate called without an active exception" in output
+        and re.search(r"^\[rank\d+\]:\s*Traceback", output, re.MULTILINE) is None
+    )
+
+
+# torch's log prefix, e.g. "E1201 04:10:11.123000 1234 torch/distributed/elastic/agent/server/api.py:1008] ",
+# possibly behind a "[rank1]:" tag; multi-line records repeat it on every line.
+_LOG_PREFIX = re.compile(r"^(?:\[rank\d+\]:)?(?:\[?[IWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] ?)?")
+EXIT_BARRIER = "Error waiting on exit barrier"
+EXIT_BARRIER_NOTE = (
+    "[nbtools] note: torch elastic logged \"Error waiting on exit barrier\" with a traceback above AFTER every rank "
+    "of this machine had finished and the launch exited 0: the agent that holds the rendezvous store (machine 0) had "
+    "already left. It is benign and is not counted as an error."
+)
+
+
+def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
+    """The output without what is known to be benign, and a note for each kind removed.
+
+    Only one thing is benign: torch elastic's exit-barrier error (its log line and the traceback
+    under it) in a launch that exited 0, i.e. every rank of this machine finished and exited 0.
+    Any other traceback, a non-zero exit, or another marker stays in and still fails the launch.
+    """
+    if returncode != 0 or EXIT_BARRIER not in output:
+        return output, []
+    lines = output.splitlines(keepends=True)
+    kept: list[str] = []
+    i = 0
+    removed = False
+    while i < len(lines):
+        if EXIT_BARRIER not in lines[i]:
+            kept.append(lines[i])
+            i += 1
+            continue
+        removed = True
+        # torch's logger repeats the record's prefix on every line of it: only lines with THAT prefix are its
+        # traceback; a genuine traceback a rank prints right after it has none and stays in
+        prefix = _LOG_PREFIX.match(lines[i]).group(0)
+        i += 1
+        # The traceback(s) that logger.exception appended: frames are indented; the exception line is not;
+        # chained exceptions continue after "During handling ..." / "The above exception ...".
+        while i < len(lines) and (not prefix or lines[i].startswith(prefix)):
+            body = _LOG_PREFIX.sub("", lines[i]).rstrip("\n")
+            if body.startswith("Traceback (most recent call last)"):
+                i += 1
+                while i < len(lines) and _LOG_PREFIX.sub("", lines[i])[:1] in (" ", "\t") and lines[i].startswith(prefix):
+                    i += 1
+                if i < len(lines) and lines[i].startswith(prefix):
+                    i += 1  # the exception line itself
+                continue
+            if not body.strip() or body.startswith(("During handling of the above", "The above exception was")):
+                nxt = next((_LOG_PREFIX.sub("", ln) for ln in lines[i + 1 : i + 3] if ln.strip()), "")
+                if nxt.startswith(("Traceback", "During handling", "The above exception")):
+                    i += 1
+                    continue
+            break
+    return "".join(kept), ([EXIT_BARRIER_NOTE] if removed else [])
+
+
+def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -> None:
+    text, _ = benign_blocks(result.output, result.returncode)
+    found = [m for m in markers if m in text]
+    if result.returncode == 0 and not found:
+        return
+    head = (
+        f"command failed with exit code {result.returncode} after {result.duration_s:.1f} s"
+        if result.returncode != 0
+        else f"command exited 0 but its output holds the error marker {found[0]!r} ({result.duration_s:.1f} s)"
+    )
+    rank = failing_rank(result.output)
+    if rank is not None and _rank_lines(result.output, rank):
+        detail = f"Rank {rank} failed first; its last lines:\n{_rank_lines(result.output, rank)}"
+    else:
+        detail = f"Last lines of the output:\n{_tail(result.output)}"
+    if result.killed:
+        detail += f"\n(stopped {len(result.killed)} leftover process(es) of this launch)"
+    for needle, hint in HINTS:
+        if needle in result.output:
+            detail += f"\nhint: {hint}"
+    raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result)
+
+
+def timeout_message(result: Result, before: str, timeout: float | None, timeout_name: str) -> str:
+    return (
+        f"stopped after {timeout_name}={timeout:g} s: the command was still running "
+        f"(every process of it has been ended).\n  $ {result.command}\n"
+        f"If the machine is only slow, raise `{timeout_name}`; if it hangs (e.g. a rank waiting in a "
+        f"collective for a peer that never comes), see its last lines before the stop:\n{_tail(before, 15)}"
+    )
+

@@ -1,0 +1,354 @@
+"""Run a command under the guardian (guard.py): its output streamed into the cell and kept, its whole
+process tree stopped on timeout, failure, Ctrl-C (JupyterLab's stop button) and kernel restart.
+
+``run_command`` runs one and waits; ``start_background`` starts one and returns a ``Background`` handle.
+Both print the command a learner would type (``Shown``), set PYTHONUNBUFFERED=1 and UTF-8 output, keep
+Hugging Face offline, and give the command a private TMPDIR.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .checks import LaunchError, LaunchTimeout
+from .commands import shell_line
+from .device import LaunchPlan
+from .diagnose import Result, benign_blocks, raise_on_failure, timeout_message, unglue_warning
+from .proctree import GRACE, kill_now
+
+GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here
+MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass(frozen=True)
+class Shown:
+    """What a cell prints about a command; nothing else depends on it.
+
+    ``command`` replaces the printed command line; ``written`` is the command as the learner typed it (the
+    quick-start's form): printed first, and when it differs from what really runs, the real command follows
+    with ``why``. ``timeout_name`` is the parameter a timeout message tells the learner to raise.
+    """
+
+    echo: bool = True
+    command: str | None = None
+    written: str | None = None
+    why: str = ""
+    timeout_name: str = "timeout"
+    also: tuple[tuple[str, str], ...] = ()  # variables set beyond the printed ones (filled in by run_command)
+
+    def announce(self, real: str) -> str:
+        """The lines printed before ``real`` runs: as written, then as it runs here, why, what else is set."""
+        if not self.written or self.written.strip() == real.strip():
+            text = f"$ {real}\n"
+        else:
+            text = f"$ {self.written}\n# runs here as: {real}\n" + (f"# why: {self.why}\n" if self.why else "")
+        if self.also:
+            text += "# also set: " + shell_line([], dict(self.also)).strip() + "\n"
+        return text
+
+
+QUIET = Shown(echo=False)
+
+
+def _shown(echo: bool | Shown) -> Shown:
+    return echo if isinstance(echo, Shown) else Shown(echo=bool(echo))
+
+
+def prepare(argv: list[str], env: dict[str, str | None] | None, offline: bool, echo: bool | Shown) -> tuple[dict, Shown]:
+    """The command's whole environment and what the cell shows. ``env`` is added to this process'
+    environment (a None value removes that variable) and shown in the printed command; the ``# also set:``
+    line names what is set beyond it (the offline and UTF-8 switches, unbuffered output)."""
+    full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", PYTHONUTF8="1")
+    if offline:
+        full_env.update(OFFLINE_ENV)
+    given = {k: v for k, v in (env or {}).items() if v is not None}
+    full_env.update(given)
+    for name in [k for k, v in (env or {}).items() if v is None]:
+        full_env.pop(name, None)
+    shown = _shown(echo)
+    also = tuple((k, v) for k, v in full_env.items() if k not in given and os.environ.get(k) != v)
+    # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
+    # torchinductor_* folders in the temp dir at every launch otherwise.
+    full_env["TMPDIR"] = tempfile.mkdtemp(prefix="nbtools-tmp-")
+    return full_env, replace(shown, command=shown.command or shell_line(argv, given), also=also)
+
+
+def run_command(
+    argv: list[str],
+    *,
+    env: dict[str, str | None] | None = None,
+    cwd: str | os.PathLike | None = None,
+    timeout: float | None = None,
+    check: bool = True,
+    offline: bool = True,
+    echo: bool | Shown = True,
+) -> Result:
+    """Run ``argv`` streaming its output; stop its whole process tree on any way out.
+
+    ``env``: see ``prepare``. ``echo``: print the command and stream its output (True), nothing (False),
+    or a ``Shown``. A non-zero exit, an error marker (diagnose.ERROR_MARKERS) or the timeout raises,
+    unless ``check`` is False (the timeout always raises).
+    """
+    full_env, shown = prepare(argv, env, offline, echo)
+    try:
+        return _stream(argv, full_env, cwd, timeout, check, shown)
+    finally:
+        shutil.rmtree(full_env["TMPDIR"], ignore_errors=True)
+
+
+class _Output:
+    """The guardian's output, read by a thread as it comes: kept, and echoed to ``out`` if given."""
+
+    def __init__(self, proc: subprocess.Popen, out):
+        self.proc, self.out = proc, out
+        self.lines: list[str] = []
+        self.eof = False
+        self._q: queue.Queue = queue.Queue()
+        self._reader = threading.Thread(target=self._pump, daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in iter(self.proc.stdout.readline, b""):
+            self._q.put(raw.decode("utf-8", errors="replace"))
+        self._q.put(None)
+
+    def _take(self, item: str | None, echo: bool = True) -> None:
+        if item is None:
+            self.eof = True
+            return
+        item = unglue_warning(item)
+        self.lines.append(item)
+        if echo and self.out is not None:
+            self.out.write(item)
+            self.out.flush()
+
+    def read(self) -> None:
+        """Take the next line, waiting up to 0.1 s (after end-of-file: just a short pause)."""
+        if self.eof:
+            time.sleep(0.02)
+            return
+        try:
+            self._take(self._q.get(timeout=0.1))
+        except queue.Empty:
+            pass
+
+    def drain(self, echo: bool = True) -> None:
+        while True:
+            try:
+                self._take(self._q.get_nowait(), echo)
+            except queue.Empty:
+                return
+
+    def close(self) -> None:
+        self._reader.join(timeout=5)
+        if not self._reader.is_alive() and self.proc.stdout:  # else something still holds the pipe
+            self.proc.stdout.close()
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
+    """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
+    out = sys.stdout
+    if shown.echo:
+        out.write(shown.announce(shown.command))
+        out.flush()
+    start = time.monotonic()
+    proc = _guarded(argv, full_env, cwd, stdout=subprocess.PIPE)
+    output = _Output(proc, out if shown.echo else None)
+    deadline = None if timeout is None else start + timeout
+    try:
+        while not output.eof or proc.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                _stop_at_timeout(proc, output, argv, start, timeout, shown)
+            output.read()
+    except KeyboardInterrupt:
+        n = len(_halt(proc).get("killed") or [])
+        out.write(
+            f"\n[nbtools] interrupted: stopped `{shown.command[:80]}` and every process it started"
+            f"{f' ({n} had to be killed)' if n else ''}; none is left running.\n"
+        )
+        out.flush()
+        raise
+    finally:
+        if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
+            _halt(proc)
+        output.close()
+    output.drain()
+    status = _status(proc)
+    if status.get("returncode") is None:
+        raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {shown.command}")
+    _, notes = benign_blocks(output.text, status["returncode"])
+    result = Result(shown.command, list(argv), status["returncode"], output.text, time.monotonic() - start,
+                    killed=status.get("killed") or [], written=shown.written, notes=notes)
+    if shown.echo and notes:
+        out.write("".join(note + "\n" for note in notes))
+        out.flush()
+    if check:
+        raise_on_failure(result)
+    return result
+
+
+def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) -> None:
+    """The launch ran past ``timeout``: stop its tree and raise LaunchTimeout with what it printed."""
+    output.drain()
+    before = output.text  # what it printed before we stopped it
+    status = _halt(proc)
+    output.close()
+    output.drain(echo=False)
+    result = Result(shown.command, list(argv), -9, output.text, time.monotonic() - start,
+                    killed=status.get("killed") or [])
+    raise LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
+
+
+def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
+    """Start ``argv`` under a guardian (guard.py) in a new session; its stdin is our control line."""
+    if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
+        exe = os.path.join(cwd or "", argv[0])
+    else:
+        exe = shutil.which(argv[0], path=full_env.get("PATH"))
+    if not exe or not os.path.exists(exe):
+        raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
+    full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
+    return subprocess.Popen(
+        [sys.executable, GUARD, "--grace", str(GRACE), "--", *argv],
+        stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
+        stdout=stdout,
+        stderr=subprocess.PIPE,  # the guardian's status line
+        cwd=cwd,
+        env=full_env,
+        start_new_session=True,  # neither a kernel interrupt nor a kernel restart's killpg reaches it
+    )
+
+
+def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = True, echo: bool | Shown = True) -> Background:
+    """Start ``argv`` under a guardian and return at once (a terminal's ``command > log 2>&1 &``); its
+    output goes to ``<script>.log`` in ``cwd``. ``env``, ``offline``, ``echo``: as for ``run_command``."""
+    full_env, shown = prepare(argv, env, offline, echo)
+    script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
+    log = Path(cwd or os.getcwd()) / f"{Path(script).stem}.log"
+    if shown.echo:
+        sys.stdout.write(replace(shown, written=shown.written and f"{shown.written} &").announce(
+            f"{shown.command} > {log.name} 2>&1 &"))
+        sys.stdout.flush()
+    with open(log, "wb") as out:
+        proc = _guarded(argv, full_env, cwd, stdout=out)
+    if shown.echo:
+        print(f"[nbtools] running in the background (guardian pid {proc.pid}); output in {log.name}")
+    return Background(shown.command, proc, log, full_env["TMPDIR"])
+
+
+class Background:
+    """A command started with ``%launch --background`` (``start_background``).
+
+    It runs under a guardian like every launch: when the kernel restarts or exits, when ``stop()``
+    is called, or when the session closes (``S.close()`` stops every launch this kernel started),
+    its whole tree is stopped. Its output goes to ``log``. ``wait()`` returns its exit code.
+    """
+
+    def __init__(self, command, proc, log, private_tmp):
+        self.command, self.proc, self.log, self._tmp = command, proc, log, private_tmp
+        self.pid = proc.pid  # the guardian's; `python -m nbtools ps` lists the launch under it
+        self.plan: LaunchPlan | None = None
+        self.port: int | None = None
+        self.returncode: int | None = None
+        self._ended_status: dict | None = None  # the guardian's status line, read once
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace") if self.log.exists() else ""
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Its exit code once it ended (waits up to ``timeout`` s; None if still running)."""
+        if self._ended_status is not None:
+            return self.returncode
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return self._ended(_status(self.proc))
+
+    def stop(self) -> int | None:
+        """Stop its whole tree now (as the guardian does when the kernel goes); its exit code."""
+        if self._ended_status is not None:
+            return self.returncode
+        return self._ended(_halt(self.proc) if self.running() else _status(self.proc))
+
+    def _ended(self, status: dict) -> int | None:
+        self._ended_status = status
+        self.returncode = status.get("returncode")
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        return self.returncode
+
+    def __repr__(self) -> str:
+        state = "running" if self.running() else f"exit {self.wait(0)}"
+        return f"<Background: {state}, guardian pid {self.pid}, output in {self.log.name}>"
+
+
+def _status(proc: subprocess.Popen) -> dict:
+    """The guardian's status line (its last JSON line on stderr), once it has exited."""
+    proc.wait()
+    text = proc.stderr.read().decode("utf-8", errors="replace") if proc.stderr else ""
+    for stream in (proc.stdin, proc.stderr):  # stdout: the reader thread owns it (closing it would wait on it)
+        try:
+            if stream:
+                stream.close()
+        except OSError:
+            pass
+    for line in reversed(text.splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                break
+    return {"returncode": None, "reason": f"exit {proc.returncode}: {text.strip()[-2000:]}"}
+
+
+def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
+    """Ask the guardian to stop the whole tree and wait for it; a second Ctrl-C asks it to kill at once."""
+    wait = GRACE + 5
+    while True:
+        try:
+            if proc.stdin and not proc.stdin.closed:
+                proc.stdin.write(how.encode() + b"\n")
+                proc.stdin.flush()
+        except (OSError, ValueError):
+            pass
+        try:
+            proc.wait(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            kill_now(proc.pid)  # the guardian itself is wedged (never seen); its tree then re-parents to init
+            proc.wait()
+            break
+        except KeyboardInterrupt:
+            how, wait = "kill", 3.0  # impatient: kill now, keep waiting only briefly
+    return _status(proc)
+
+
