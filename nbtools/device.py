@@ -524,19 +524,21 @@ def installed(distribution: str) -> str | None:
         return None
 
 
-def editable(distribution: str) -> bool:
-    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
+def direct_url(distribution: str) -> dict:
+    """How ``distribution`` was installed when not from an index (PEP 610 ``direct_url.json``: a folder, a git
+    URL, a file); empty when from an index or not installed."""
     import json
     from importlib import metadata
 
     try:
-        text = metadata.distribution(distribution).read_text("direct_url.json")
-    except metadata.PackageNotFoundError:
-        return False
-    try:
-        return bool(json.loads(text or "{}").get("dir_info", {}).get("editable", False))
-    except ValueError:
-        return False
+        return json.loads(metadata.distribution(distribution).read_text("direct_url.json") or "{}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return {}
+
+
+def editable(distribution: str) -> bool:
+    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
+    return bool(direct_url(distribution).get("dir_info", {}).get("editable", False))
 
 
 SIMNPU_ROOT = Path(__file__).resolve().parent.parent / "simnpu"

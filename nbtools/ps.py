@@ -5,27 +5,12 @@ Every process of a launch carries the variable ``NBTOOLS_LAUNCH=<launch id>:<sta
 leftovers are found by that mark, not by guessing from command lines. ``--kill`` asks each
 launch's guardian to stop its tree (SIGTERM, then SIGKILL after a grace period) and kills
 whatever carries the mark and is still alive after that. Where ``npu-smi`` exists, its process
-table is shown too: the processes that hold an NPU right now, whoever started them.
-
-Read the table `npu-smi info` prints: the NPUs (one row pair per chip) and the processes using them.
-
-``parse_npu_smi(text)`` returns ``{"version": str | None, "npus": [...], "processes": [...]}``:
-
-- ``npus``: one dict per chip row pair (on 910B cards one per NPU), with the header's columns under plain keys:
-  ``id``, ``name``, ``health``, ``power_w``, ``temp_c``, ``hugepages_used``/``hugepages_total``, ``chip``,
-  ``bus_id``, ``aicore_pct``, ``memory_used_mb``/``memory_total_mb``, ``hbm_used_mb``/``hbm_total_mb``
-  (columns a card does not print are absent; ``-`` / ``NA`` give None);
-- ``processes``: ``{"npu", "chip", "pid", "name", "memory_mb"}`` per process row; the
-  ``No running processes found in NPU N`` rows give none.
-
-The parser reads the column names from the table's own header rows and splits cells on ``|``, so the
-amount of spacing inside a row does not matter (``0    / 0`` and ``0 / 0`` read the same).
+table is shown too (read by npusmi.py): the processes that hold an NPU right now, whoever started them.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 import time
@@ -34,6 +19,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from .guarded import GUARD, MARKER_ENV
+from .npusmi import parse_npu_smi, summary
 from .proctree import GRACE, marked, stop_from_top
 
 
@@ -158,161 +144,3 @@ def main(kill: bool = False, out=print, wanted=()) -> int:
         return 1
     out(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")
     return 0
-
-
-_BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
-_PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
-_VERSION = re.compile(r"npu-smi\s+(\S+)")
-
-# Header names as npu-smi prints them -> the keys of the parsed dicts.
-_KEYS = {
-    "npu": "id",
-    "name": "name",
-    "health": "health",
-    "power(w)": "power_w",
-    "temp(c)": "temp_c",
-    "hugepages-usage(page)": "hugepages",
-    "chip": "chip",
-    "bus-id": "bus_id",
-    "aicore(%)": "aicore_pct",
-    "memory-usage(mb)": "memory_mb",
-    "hbm-usage(mb)": "hbm_mb",
-}
-_PROC_KEYS = {"process id": "pid", "process name": "name", "process memory(mb)": "memory_mb"}
-
-
-def _value(text: str):
-    """'39' -> 39, '89.9' -> 89.9, '-' / 'NA' -> None, anything else stays a string."""
-    text = text.strip()
-    if text in ("", "-", "--", "NA", "N/A"):
-        return None
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
-    if re.fullmatch(r"-?\d+\.\d*", text):
-        return float(text)
-    return text
-
-
-def _key(header: str) -> str:
-    h = header.strip().lower()
-    return _KEYS.get(h) or re.sub(r"[^a-z0-9]+", "_", h).strip("_")
-
-
-def _cells(line: str) -> list[str]:
-    """The cells of a table row: ``| a | b |`` -> ['a', 'b'] (outer pipes dropped, inner text stripped)."""
-    line = line.strip()
-    if line.startswith("|"):
-        line = line[1:]
-    if line.endswith("|"):
-        line = line[:-1]
-    return [c.strip() for c in line.split("|")]
-
-
-def _tokens(cell: str) -> list[str]:
-    """Whitespace tokens of a cell, with ``used / total`` kept together as one ``used/total`` token."""
-    return _PAIR.sub(r"\1/\2", cell).split()
-
-
-def _fill(record: dict, names: list[str], cell: str) -> None:
-    """Store the tokens of one cell under the header names of that cell (extra tokens go to the last name)."""
-    toks = _tokens(cell)
-    if len(toks) > len(names) and names:
-        toks = toks[: len(names) - 1] + [" ".join(toks[len(names) - 1:])]
-    for name, tok in zip(names, toks):
-        key = _key(name)
-        if "/" in tok and name.lower().endswith(")") and "usage" in name.lower():
-            used, total = tok.split("/", 1)
-            base = key[: -len("_mb")] if key.endswith("_mb") else key
-            unit = "_mb" if key.endswith("_mb") else ""
-            record[f"{base}_used{unit}"] = _value(used)
-            record[f"{base}_total{unit}"] = _value(total)
-        else:
-            record[key] = _value(tok)
-
-
-def parse_npu_smi(text: str) -> dict:
-    """Parse the output of ``npu-smi info``; raise ValueError when the text holds no NPU table header."""
-    table = _Table()
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("|"):  # not separators (+----+, +====+) or anything around the table
-            table.row(_cells(line))
-    if table.npu_header is None:
-        raise ValueError("no `npu-smi info` table found: expected a header row with 'NPU', 'Name' and 'Health'")
-    return {"version": table.version, "npus": table.npus, "processes": table.processes}
-
-
-class _Table:
-    """`npu-smi info`'s table, read row by row: the version line, the NPU section, the process section."""
-
-    def __init__(self):
-        self.version: str | None = None
-        self.npu_header: list[list[str]] | None = None  # per cell: the column names of the NPU row
-        self.chip_header: list[list[str]] | None = None  # per cell: the column names of the chip row
-        self.proc_header: list[str] = []
-        self.section: str | None = None  # None, "npu" or "proc"
-        self.npus: list[dict] = []
-        self.processes: list[dict] = []
-        self.current: dict | None = None
-
-    def row(self, cells: list[str]) -> None:
-        joined = " ".join(cells)
-        lowered = [c.lower() for c in cells]
-        if self.version is None and self.section is None and _VERSION.search(joined):
-            self.version = _VERSION.search(joined).group(1)
-        elif "health" in lowered:
-            self.npu_header, self.section = [c.split() for c in cells], "npu"
-        elif self.section == "npu" and self.chip_header is None and "bus-id" in lowered:
-            self.chip_header = [c.split() for c in cells]
-        elif "process id" in lowered:
-            self.proc_header, self.section = cells, "proc"
-        elif self.section == "npu":
-            self._npu_row(cells)
-        elif self.section == "proc" and len(cells) >= 2 and not cells[0].lower().startswith("no running processes"):
-            self.processes.append(self._process(cells))
-
-    def _npu_row(self, cells: list[str]) -> None:
-        if len(cells) >= 2 and _BUS_ID.match(cells[1]) and self.current is not None:
-            chip: dict = {}
-            for names, cell in zip(self.chip_header or [], cells):
-                _fill(chip, names, cell)
-            if "chip" in self.current:  # a second chip of the same NPU: a new entry with the NPU's fields
-                self.current = {k: v for k, v in self.current.items() if k in _npu_keys(self.npu_header)}
-                self.npus.append(self.current)
-            self.current.update(chip)
-        elif len(cells) >= 2 and cells[0]:
-            self.current = {}
-            for names, cell in zip(self.npu_header, cells):
-                _fill(self.current, names, cell)
-            self.npus.append(self.current)
-
-    def _process(self, cells: list[str]) -> dict:
-        first = _tokens(cells[0])
-        proc: dict = {"npu": _value(first[0]) if first else None, "chip": _value(first[1]) if len(first) > 1 else None}
-        for head, cell in zip(self.proc_header[1:], cells[1:]):
-            key = _PROC_KEYS.get(head.lower(), _key(head))
-            proc[key] = cell.strip() if key == "name" else _value(cell)
-        return proc
-
-
-def _npu_keys(npu_header) -> set[str]:
-    keys = set()
-    for names in npu_header or []:
-        for name in names:
-            k = _key(name)
-            keys |= {k, f"{k}_used", f"{k}_total"}
-    return keys
-
-
-def summary(table: dict) -> str:
-    """A few lines a learner reads: one per NPU chip, then the processes (or that there are none)."""
-    lines = []
-    for n in table["npus"]:
-        hbm = f"HBM {n.get('hbm_used_mb')} / {n.get('hbm_total_mb')} MB" if "hbm_total_mb" in n else ""
-        lines.append(f"NPU {n.get('id')} chip {n.get('chip')}: {n.get('name')} health={n.get('health')} {hbm}".rstrip())
-    if table["processes"]:
-        for p in table["processes"]:
-            lines.append(f"  process {p.get('pid')} ({p.get('name')}) on NPU {p.get('npu')}: {p.get('memory_mb')} MB")
-    else:
-        lines.append("  no running processes")
-    return "\n".join(lines)

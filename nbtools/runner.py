@@ -74,13 +74,15 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     return [p.resolve() for p in found]
 
 
-def _cell_verdict(cell, check_id: str) -> tuple[str, str]:
+def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[str, str]:
+    """(status, reason) of one check cell; a failure's reason is its error's first line, or all of it (``full``)."""
     outputs = cell.get("outputs", [])
     errors = [o for o in outputs if o.get("output_type") == "error"]
     if errors:
         e = errors[0]
-        value = strip_ansi(str(e.get("evalue", ""))).strip().splitlines()
-        return "failed", f"{e.get('ename', 'Error')}: {value[0] if value else ''}".strip()
+        value = strip_ansi(str(e.get("evalue", ""))).strip()
+        value = value if full else (value.splitlines() or [""])[0]
+        return "failed", f"{e.get('ename', 'Error')}: {value}".strip()
     if cell.get("execution_count") is None and not outputs:
         return "failed", "not run: the notebook stopped before this cell"
     # stdout only: a stderr chunk without a newline (tqdm's '\r' progress) must not glue onto the verdict
@@ -91,11 +93,12 @@ def _cell_verdict(cell, check_id: str) -> tuple[str, str]:
     return "failed", "the assertion cell printed no verdict line"
 
 
-def judge_checks(nb, notebook_name: str) -> list[CheckResult]:
+def judge_checks(nb, notebook_name: str, full: bool = False) -> list[CheckResult]:
+    """Every check cell's verdict (``full``: a failure's whole error, not only its first line)."""
     out = []
     for cell in nb.cells:
         for cid in check_ids(cell.get("metadata", {}).get("tags")):
-            status, reason = _cell_verdict(cell, cid)
+            status, reason = _cell_verdict(cell, cid, full)
             out.append(CheckResult(cid, status, notebook_name, reason, cid in SEED_CHECKS))
     return out
 

@@ -66,6 +66,8 @@ import nbformat
 from packaging.requirements import Requirement
 
 from .checks import SEED_CHECKS, ParameterError, check_ids
+from .device import direct_url
+from .doctor import REQUIREMENTS, series_requirements
 from .runner import default_notebooks_dir
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
@@ -141,27 +143,43 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     return problems, claims
 
 
-_EXERCISES = re.compile(r"^## 练习\s*$", re.MULTILINE)
-_ITEM = re.compile(r"^(\d+)\. ", re.MULTILINE)
-_ANSWER = ("<summary>提示</summary>", "<summary>答案</summary>")
+_HEADING = re.compile(r"^## 练习\s*$", re.M)
+_ITEM = re.compile(r"^(\d+)\. ", re.M)
+_FENCE = re.compile(r"^[ \t]*```[\w-]*\n(.*?)^[ \t]*```", re.M | re.S)
+HINT_SUMMARY, ANSWER_SUMMARY = "<summary>提示</summary>", "<summary>答案</summary>"
+
+
+def exercise_cell(nb):
+    """The markdown cell holding the ``## 练习`` section (it may share the cell with ``## 小结``)."""
+    return next((c for c in nb.cells if c.cell_type == "markdown" and _HEADING.search(c.source)), None)
+
+
+def exercises_text(cell) -> str:
+    """The ``## 练习`` section of ``cell``: from its heading up to the next ``## `` heading."""
+    text = cell.source[_HEADING.search(cell.source).start():]
+    return text[: m.start()] if (m := re.search(r"^## (?!练习)", text, re.M)) else text
+
+
+def exercise_items(exercises_md: str) -> dict[int, str]:
+    """The numbered exercises of a ``## 练习`` section: number -> its text (question, hint, answer)."""
+    items = list(_ITEM.finditer(exercises_md))
+    ends = [m.start() for m in items[1:]] + [len(exercises_md)]
+    return {int(m.group(1)): exercises_md[m.start():end] for m, end in zip(items, ends)}
 
 
 def exercise_problems(nb) -> list[str]:
     """Every numbered exercise under '## 练习' has its hint and its answer, collapsed, right below it."""
-    cells = [c for c in nb.cells if c.cell_type == "markdown" and _EXERCISES.search(c.source)]
-    if not cells:
+    cell = exercise_cell(nb)
+    if cell is None:
         return ["no '## 练习' section"]
-    text = cells[-1].source[_EXERCISES.search(cells[-1].source).end():]
-    text = re.split(r"^## ", text, maxsplit=1, flags=re.MULTILINE)[0]  # up to the next section, if any
-    items = list(_ITEM.finditer(text))
+    items = exercise_items(exercises_text(cell))
     if not items:
         return ["'## 练习' lists no numbered exercise"]
     out = []
-    for k, m in enumerate(items):
-        body = text[m.end():items[k + 1].start() if k + 1 < len(items) else len(text)]
-        missing = [s for s in _ANSWER if s not in body]
+    for number, body in items.items():
+        missing = [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in body]
         if missing:
-            out.append(f"exercise {m.group(1)} has no {' / '.join(missing)} below it (a collapsed <details> block)")
+            out.append(f"exercise {number} has no {' / '.join(missing)} below it (a collapsed <details> block)")
     return out
 
 
@@ -223,12 +241,6 @@ def quote_problems(paths: list[Path], check_ids: set[str]) -> list[str]:
     return problems
 
 
-_HEADING = re.compile(r"^## 练习", re.M)
-_ITEM = re.compile(r"^(\d+)\. ", re.M)
-_FENCE = re.compile(r"^[ \t]*```[\w-]*\n(.*?)^[ \t]*```", re.M | re.S)
-ANSWER_SUMMARY = "<summary>答案</summary>"
-
-
 @dataclass
 class Answer:
     notebook: Path
@@ -242,22 +254,12 @@ class Answer:
         return f"{self.notebook.stem} 练习 {self.exercise}"
 
 
-def exercise_cell(nb):
-    """The markdown cell holding the ``## 练习`` section (it may share the cell with ``## 小结``)."""
-    return next((c for c in nb.cells if c.cell_type == "markdown" and _HEADING.search(c.source)), None)
-
-
-def exercises_text(cell) -> str:
-    return cell.source[_HEADING.search(cell.source).start():]
-
-
 def answer_blocks(exercises_md: str, number: int) -> list[str]:
     """The fenced code blocks of exercise ``number``'s answer, dedented as a learner copies them."""
-    starts = [(int(m.group(1)), m.start()) for m in _ITEM.finditer(exercises_md)]
-    spans = {n: (s, starts[i + 1][1] if i + 1 < len(starts) else len(exercises_md)) for i, (n, s) in enumerate(starts)}
-    if number not in spans:
+    items = exercise_items(exercises_md)
+    if number not in items:
         raise ParameterError(f"exercise {number} does not exist")
-    item = exercises_md[slice(*spans[number])]
+    item = items[number]
     if ANSWER_SUMMARY not in item:
         raise ParameterError(f"exercise {number} has no {ANSWER_SUMMARY}")
     answer = item.split(ANSWER_SUMMARY, 1)[1]
@@ -358,7 +360,7 @@ def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout
                 kind: str | None = None) -> list[Answer]:
     """Run every answer of ``notebooks``; an answer whose spec lists ``devices`` (e.g. ``["npu", "cuda"]``:
     its checks are skipped on a CPU) runs only where the device ``kind`` is one of them."""
-    from .runner import run_notebooks
+    from .runner import judge_checks, run_notebooks
 
     folder = Path(tempfile.mkdtemp(prefix="nbtools-answers-"))  # the variants; the executed copies go to output_dir
     try:
@@ -371,40 +373,24 @@ def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     for a in runnable:
-        verdicts = {c.id: (c.status, c.reason) for c in report.checks if c.notebook == a.variant.name}
-        for n in report.notebooks:
-            if Path(n.path).name == a.variant.name:
-                verdicts["notebook"] = (n.status, n.error)
-                if n.output:  # a failed check's whole error, not only its first line
-                    verdicts.update(_full_errors(output_dir / n.output, verdicts))
+        result = next(n for n in report.notebooks if Path(n.path).name == a.variant.name)
+        verdicts = {"notebook": (result.status, result.error)}
+        executed = output_dir / result.output if result.output else a.variant  # not run: its cells have no verdict
+        for c in judge_checks(nbformat.read(executed, as_version=4), a.variant.name, full=True):
+            verdicts[c.id] = (c.status, c.reason)
         judge(a, verdicts)
     return answers
 
 
-def _full_errors(executed: Path, verdicts: dict) -> dict:
-    from .checks import check_ids
-    from .report import strip_ansi
-
-    out = {}
-    for cell in nbformat.read(executed, as_version=4).cells:
-        errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-        for cid in check_ids(cell.get("metadata", {}).get("tags")) if errors else ():
-            status, _ = verdicts.get(cid, ("failed", ""))
-            out[cid] = (status, f"{errors[0].get('ename')}: {strip_ansi(str(errors[0].get('evalue', '')))}")
-    return out
-
-
-REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
 WORK = "work"  # the folder the notebooks' interactive work folders live in (session._work_dir)
 
 
-def accelerate_requirement(path: Path = REQUIREMENTS) -> Requirement:
+def accelerate_requirement() -> Requirement:
     """The ``accelerate`` line of requirements.txt (e.g. ``accelerate>=1.0``)."""
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line and Requirement(line).name.lower() == "accelerate":
-            return Requirement(line)
-    raise ValueError(f"{path} has no accelerate line")
+    wanted = series_requirements()
+    if "accelerate" not in wanted:
+        raise ValueError(f"{REQUIREMENTS} has no accelerate line")
+    return Requirement(f"accelerate{wanted['accelerate']}")
 
 
 def accelerate_problem(requirement: Requirement) -> str | None:
@@ -413,7 +399,7 @@ def accelerate_problem(requirement: Requirement) -> str | None:
         dist = metadata.distribution("accelerate")
     except metadata.PackageNotFoundError:
         return "Accelerate is not installed"
-    direct = json.loads(dist.read_text("direct_url.json") or "{}")
+    direct = direct_url("accelerate")
     if direct:  # installed from a folder, a git URL or a file: 00's source install
         return f"Accelerate {dist.version} was installed from {direct.get('url', 'a local source')}"
     if not requirement.specifier.contains(dist.version, prereleases=True):

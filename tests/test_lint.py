@@ -5,10 +5,12 @@ from __future__ import annotations
 import ast
 import functools
 import importlib.util
+import io
 import os
 import shutil
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 from conftest import ROOT, skip_outside_ci
@@ -31,9 +33,11 @@ def test_ruff_is_clean():
 
 PACKAGE = Path(ROOT) / "nbtools"
 MAX_FUNCTION_LINES = 60
+MAX_PARAMETERS = 7  # self and cls aside; a function that needs more takes a value that groups them (guarded.Shown)
+MAX_CODE_LINES = 4300  # blank lines, comments and docstrings aside: the package stays small as lessons are added
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
-    "core": (0, {"device", "params", "checks", "proctree"}),
+    "core": (0, {"device", "params", "checks", "proctree", "npusmi"}),
     "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guard", "ps", "machines", "session", "magics"}),
     "run": (2, {"runner", "kernels", "report", "teacher", "doctor"}),
     "lessons": (2, {"bigmodel", "ranks"}),
@@ -68,6 +72,41 @@ def test_no_function_is_longer_than_60_lines():
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, "split these functions:\n" + "\n".join(long)
+
+
+def test_no_function_takes_more_than_7_parameters():
+    wide = []
+    for name, tree in _modules().items():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+                names = [n for n in names if n not in ("self", "cls")]
+                if len(names) > MAX_PARAMETERS:
+                    wide.append(f"{name}.py:{node.lineno} {node.name} ({len(names)} parameters)")
+    assert not wide, "group the parameters of:\n" + "\n".join(wide)
+
+
+def code_lines(source: str) -> int:
+    """Lines holding code: not blank, not only a comment, not part of a docstring."""
+    docstrings = set()
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+                and isinstance(body[0].value.value, str):
+            docstrings |= set(range(body[0].lineno, body[0].end_lineno + 1))
+    skip = {tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER}
+    lines = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in skip:
+            lines |= set(range(tok.start[0], tok.end[0] + 1))
+    return len(lines - docstrings)
+
+
+def test_the_package_stays_within_its_code_line_budget():
+    total = sum(code_lines(p.read_text(encoding="utf-8")) for p in sorted(PACKAGE.glob("*.py")))
+    assert total <= MAX_CODE_LINES, f"nbtools has {total} code lines, over {MAX_CODE_LINES}: shrink it before adding"
+    assert code_lines('"""doc"""\n# c\n\nx = 1\ndef f():\n    """d\n    e"""\n    return 2\n') == 3
 
 
 def test_every_module_belongs_to_one_part_and_imports_only_downward():

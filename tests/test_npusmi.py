@@ -1,6 +1,6 @@
 import pytest
 
-from nbtools.ps import parse_npu_smi, summary
+from nbtools.npusmi import parse_npu_smi, summary
 
 # The quick-start's sample table (two 910B4, nothing running).
 SAMPLE = """
