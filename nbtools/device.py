@@ -570,6 +570,8 @@ def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Map
         "PATH": _in_front(SIMNPU_ROOT / "bin", environ.get("PATH")),
         "SIMNPU_CARDS": str(cards),
         "SIMNPU_SOC": soc,
+        # what CANN's set_env.sh exports on a real host, and libraries read (DeepSpeed's NPU op builder)
+        "ASCEND_HOME_PATH": str(SIMNPU_ROOT / "cann"),
     }
 
 

@@ -273,6 +273,24 @@ def test_data_assignment_takes_effect_like_on_a_real_device(work):
     assert "host refused: True" in r.stdout, r.stdout
 
 
+def test_moving_a_module_already_there_keeps_its_weakrefs_like_a_real_device(work):
+    """DeepSpeed's engine puts weakref.finalize on every parameter, then calls module.to(device): on the real
+    backend that changes nothing; the stand-in once failed ("Cannot swap t1 because it has weakref"). A real
+    move (CPU -> npu) still moves."""
+    r = py("""
+        import weakref, torch
+        m = torch.nn.Embedding(4, 2).to("npu:0")
+        w = m.weight
+        keep = weakref.finalize(w, print, "finalized")
+        m.to(torch.device("npu", 0))
+        print("same", m.weight is w, m.weight.device)
+        c = torch.nn.Linear(2, 2)
+        c.to("npu:0")
+        print("moved", c.weight.device)
+    """, sim_env(work), work)
+    assert "same True npu:0" in r.stdout and "moved npu:0" in r.stdout, r.stdout
+
+
 def test_each_device_has_its_own_generator_like_a_card(work):
     """A card's random numbers come from its own generator: the device's state is saved and restored on its own,
     npu:1's stream is not npu:0's, and drawing on the device (dropout included) leaves the CPU's numbers alone.

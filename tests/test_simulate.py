@@ -39,6 +39,7 @@ def test_the_switch_adds_in_front_and_keeps_what_the_user_has():
     assert env["PYTHONPATH"].split(os.pathsep) == [str(device.SIMNPU_ROOT / "site"), "/mine/site"]
     assert env["PATH"].split(os.pathsep) == [str(device.SIMNPU_ROOT / "bin"), "/usr/bin", "/bin"]
     assert (env["SIMNPU_CARDS"], env["SIMNPU_SOC"]) == ("2", "Ascend910B4")
+    assert env["ASCEND_HOME_PATH"] == str(device.SIMNPU_ROOT / "cann")  # as CANN's set_env.sh; DeepSpeed reads it
     assert device.environment(environ={})["PYTHONPATH"] == str(device.SIMNPU_ROOT / "site")
     assert "ASCEND_RT_VISIBLE_DEVICES" not in env  # the user's own choice of cards, if any, stays theirs
 

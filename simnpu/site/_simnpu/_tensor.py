@@ -372,3 +372,29 @@ def _load(f, map_location=None, *args, **kwargs):
 
 
 torch.load = _load
+
+
+# ---- module conversion ---------------------------------------------------------------------------
+# nn.Module._apply swaps a parameter with its converted self whenever it is a wrapper subclass (npu tensors
+# are here; the real torch_npu's are not). `.to(device)` on a module already there gives an alias of each
+# parameter (same data, device, dtype and layout) and swaps the two, which fails once a library holds a
+# weakref on the parameter (DeepSpeed's engine does). Swapping a tensor with such an alias changes nothing:
+# do nothing, as `.to()` on the real backend does.
+_orig_swap = torch.utils.swap_tensors
+
+
+def _same_view(t1, t2) -> bool:
+    return t1 is t2 or (
+        isinstance(t1, NPUTensor) and isinstance(t2, NPUTensor) and t1.device == t2.device and t1.dtype == t2.dtype
+        and t1.shape == t2.shape and t1.stride() == t2.stride() and t1.data_ptr() == t2.data_ptr()
+    )
+
+
+@functools.wraps(_orig_swap)
+def _swap_tensors(t1, t2):
+    if _same_view(t1, t2):
+        return None
+    return _orig_swap(t1, t2)
+
+
+torch.utils.swap_tensors = _swap_tensors
