@@ -76,7 +76,7 @@ class CommandHere:
 
     @property
     def why_line(self) -> str:
-        return "; ".join(self.why)
+        return "；".join(self.why)
 
 
 def _join_continuations(text: str) -> str:
@@ -189,9 +189,9 @@ def _visible_rule(env: dict[str, str], info: DeviceInfo, real: CommandHere) -> N
     value = env.pop(ASCEND_VAR)
     if info.kind == "cuda":
         env[CUDA_VAR] = value
-        real.why.append(f"CUDA here: {CUDA_VAR} selects the devices that {ASCEND_VAR} selects on an NPU")
+        real.why.append(f"这里是 CUDA：{CUDA_VAR} 选卡，就像 NPU 上的 {ASCEND_VAR}")
     else:
-        real.why.append(f"no NPU here: {ASCEND_VAR} has nothing to select on a CPU, so it is dropped")
+        real.why.append(f"这里没有 NPU：CPU 上 {ASCEND_VAR} 没有卡可选，去掉")
 
 
 # The quick-start's devices in its dispatch program, and the half each one holds.
@@ -202,16 +202,15 @@ OFFLOAD_FOLDER = "offload"  # relative to the work folder, where the program run
 def split_targets(kind: str, count: int) -> tuple[str, str, str]:
     """(first half, second half, why) of the quick-start's split for ``count`` devices of ``kind``."""
     if kind in ("npu", "cuda") and count >= 2:
-        why = "" if kind == "npu" else "CUDA here: npu:N -> cuda:N"
+        why = "" if kind == "npu" else "这里是 CUDA：npu:N -> cuda:N"
         return f"{kind}:0", f"{kind}:1", why
     if kind in ("npu", "cuda") and count == 1:
         return f"{kind}:0", "cpu", (
-            f"one {kind.upper()} device visible: npu:1 -> cpu (the second half is offloaded to CPU RAM and "
-            f"moved onto {kind}:0 layer by layer during forward)"
+            f"只看得见一张 {kind.upper()}：npu:1 -> cpu（后一半卸载到 CPU 内存，前向时逐层搬到 {kind}:0）"
         )
     return "cpu", "disk", (
-        "no NPU here: npu:0 -> cpu (first half in CPU RAM), npu:1 -> disk (second half offloaded to "
-        f"'{OFFLOAD_FOLDER}/' in the work folder, read back during forward), so the split still has two places"
+        "这里没有 NPU：npu:0 -> cpu（前一半在 CPU 内存），npu:1 -> disk（后一半卸载到工作文件夹的 "
+        f"'{OFFLOAD_FOLDER}/'，前向时读回），这样仍然切成两处"
     )
 
 
@@ -259,16 +258,14 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
     prog = argv[0]
     if prog in ("python", "python3"):
         argv[0] = sys.executable
-        real.why.append("`python` is the kernel's own interpreter")
+        real.why.append("`python` 换成内核自己的解释器")
         if argv[1:] == ["-c", CHECK_TORCH] and not torch_npu_installed():
             argv[2] = CHECK_TORCH_WITHOUT_NPU
-            real.why.append("torch_npu is not installed here: the same program asks torch.cuda and prints "
-                            "`torch_npu= not installed`")
+            real.why.append("这里没装 torch_npu：同一段程序改问 torch.cuda，并打印 `torch_npu= not installed`")
         kind = info.resolve(device)
         if kind == "cpu" and info.kind != "cpu":
             env["ACCELERATE_USE_CPU"] = "1"
-            real.why.append(f"device='cpu' asked on a {info.kind.upper()} machine: ACCELERATE_USE_CPU=1 makes "
-                            "Accelerator() pick the CPU")
+            real.why.append(f"在 {info.kind.upper()} 机器上要了 device='cpu'：ACCELERATE_USE_CPU=1 让 Accelerator() 选 CPU")
         adapted = dispatch_rule(argv, kind, info.count if kind != "cpu" else 0)
         if adapted:
             argv[:] = adapted[0]
@@ -276,11 +273,10 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
     elif prog == "pip" or (prog == "uv" and argv[1:2] == ["pip"]):
         rest = argv[2:] if prog == "uv" else argv[1:]
         argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *rest]
-        real.why.append(f"`{'uv pip' if prog == 'uv' else 'pip'}` -> the kernel's own pip, so the package lands "
-                        "in the environment this notebook runs in")
+        real.why.append(f"`{'uv pip' if prog == 'uv' else 'pip'}` 换成内核自己的 pip，包装进这个 notebook 运行的环境")
     elif prog == "accelerate":
         argv[0] = executable("accelerate")
-        real.why.append("`accelerate` is the CLI of the kernel's own environment")
+        real.why.append("`accelerate` 换成内核所在环境里的命令")
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
         raise CommandNotHere("`npu-smi` exists only on Ascend hosts (it comes with the NPU driver); "
                              f"not found on this {info.kind.upper()} machine")

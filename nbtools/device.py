@@ -163,10 +163,10 @@ def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
     combination gives a real multi-process group there (measured: ``--num_processes`` alone starts ONE
     process; ``--multi_gpu`` alone starts N processes that each run alone)."""
     if num_processes == 1:
-        return {}, ["--cpu"], "one process on the CPU (--cpu)"
+        return {}, ["--cpu"], "CPU 上一个进程（--cpu）"
     env, flags = {"ACCELERATE_USE_CPU": "1"}, ["--multi_gpu"]
     said = " + ".join([*(f"{k}={v}" for k, v in env.items()), *flags])
-    return env, flags, f"{said} make a real {num_processes}-rank gloo group"
+    return env, flags, f"{said} 组成真正的 {num_processes} 个 rank 的 gloo 进程组"
 
 
 @dataclass
@@ -214,24 +214,23 @@ class DeviceInfo:
                 f"hccl/nccl collectives are NOT exercised by this run"
             )
             env, mode, said = cpu_route(n)
-            why.append(f"{n} processes asked but only {self.count} {kind.upper()} device(s) visible: CPU 代跑 "
-                       f"({said}); hccl/nccl are not exercised")
+            why.append(f"要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}：CPU 代跑（{said}），hccl/nccl 没有用到")
             kind = "fallback"
         elif kind == "cpu":
             env, mode, said = cpu_route(n)
             note = f"CPU: {n} process(es), gloo backend" if self.kind == "cpu" else (
                 f"CPU requested although {self.count} {self.kind.upper()} device(s) are visible")
-            where = "no NPU here" if self.kind == "cpu" else f"device='cpu' asked on a {self.kind.upper()} machine"
-            why.append(f"{where}: " + (said if n == 1 else f"on a CPU `accelerate launch --num_processes {n}` "
-                                                          f"starts ONE process; {said}"))
+            where = "这里没有 NPU" if self.kind == "cpu" else f"在 {self.kind.upper()} 机器上要了 device='cpu'"
+            why.append(f"{where}：" + (said if n == 1 else f"CPU 上 `accelerate launch --num_processes {n}` "
+                                                         f"只启动一个进程；{said}"))
         else:
             env = {VISIBLE_VARS[kind]: ",".join(_visible_list(self.visible_devices, self.count)[:n])}
             # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
             # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
             mode = ["--multi_gpu"] if n > 1 and kind == "cuda" else []
             if kind == "cuda":
-                why.append(f"CUDA here: {VISIBLE_VARS['cuda']} instead of {VISIBLE_VARS['npu']}"
-                           + (" and --multi_gpu" if mode else ""))
+                why.append(f"这里是 CUDA：用 {VISIBLE_VARS['cuda']} 代替 {VISIBLE_VARS['npu']}"
+                           + ("，并加 --multi_gpu" if mode else ""))
             note = f"{kind.upper()}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
         fallback, kind = kind == "fallback", ("cpu" if kind == "fallback" else kind)
         return LaunchPlan(

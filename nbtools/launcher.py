@@ -96,24 +96,24 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     why = [*plan.why]
     var = VISIBLE_VARS.get(plan.kind)
     if var and call.written_visible is not None and call.written_visible != plan.env.get(var):
-        why.append(f"the plan for {plan.num_processes} process(es) uses devices {plan.env.get(var)}")
+        why.append(f"{plan.num_processes} 个进程的计划用卡 {plan.env.get(var)}")
     if plan.num_processes > 1 and call.written is not None:
-        why.append("a free rendezvous port instead of 29500")
+        why.append("用一个空闲的会合端口代替 29500")
     why.append(_config_why(call, plan))
     return LaunchSpec(plan, call, (*run_env.items(), *((k, None) for k in unset)), (*config_flags, *call.extra_flags),
-                      "; ".join(w for w in why if w), tuple(notes), timeout, folder, port)
+                      "；".join(w for w in why if w), tuple(notes), timeout, folder, port)
 
 
 def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
     """What the config file changes: Accelerate's defaults given explicitly, or the learner's file as written."""
     if call.config_file is None:
-        return ("Accelerate's defaults given explicitly (accelerate_config_*.json in the work folder), so no "
-                "`accelerate config` file of yours changes the run")
+        return ("显式给出 Accelerate 的默认配置（工作文件夹里的 accelerate_config_*.json），"
+                "你的 `accelerate config` 文件不会改变这次运行")
     kind = call.config.get("distributed_type", "NO")
-    said = (f"your --config_file {call.config_file} as written (distributed_type {kind}), its num_processes "
-            "and mixed_precision given explicitly")
+    said = (f"照写的用你的 --config_file {call.config_file}（distributed_type {kind}），"
+            "其中的 num_processes 和 mixed_precision 显式给出")
     if plan.kind == "cpu" and kind in ("FSDP", "DEEPSPEED"):
-        said += f"; Accelerate enables {kind} only on an accelerator, so this config runs as DDP here"
+        said += f"；Accelerate 只在加速卡上启用 {kind}，所以这份配置在这里跑的是 DDP"
     return said
 
 

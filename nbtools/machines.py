@@ -40,8 +40,7 @@ from .proctree import marked, stop_from_top
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
 DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
-SIMULATED_WHY = ("no second host here: each machine is an `accelerate launch` on this host (127.0.0.1) with CPU "
-                 "ranks (hccl between hosts is not exercised)")
+SIMULATED_WHY = "这里没有第二台主机：每台机器是本机（127.0.0.1）上的一个 `accelerate launch`，rank 跑在 CPU 上（主机之间的 hccl 没有用到）"
 
 
 @dataclass
@@ -88,7 +87,7 @@ def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
     flags = [*(f for f in mode if f not in written.argv), *config, *written.argv[2:]]
     # ACCELERATE_* variables of this environment must not reach them either (None: removed)
     env.update({k: None for k in os.environ if k.startswith("ACCELERATE_") and k not in env})
-    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}; {said}")
+    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}；{said}")
 
 
 def processes_of(token: str) -> list[psutil.Process]:

@@ -115,7 +115,7 @@ def test_dispatch_rule_applies_to_the_dispatch_program_only():
     argv = shlex.split(DISPATCH)
     assert commands.dispatch_rule(argv, "npu", 2) is None  # the quick-start's own machine: unchanged
     real, why = commands.dispatch_rule(argv, "cpu", 0)
-    assert real[:2] == argv[:2] and "'disk'" in real[2] and why.startswith("no NPU here")
+    assert real[:2] == argv[:2] and "'disk'" in real[2] and why.startswith("这里没有 NPU")
     assert commands.dispatch_rule(["python", "-c", "print('npu:0', 'npu:1')"], "cpu", 0) is None
     assert commands.dispatch_rule(["python", "--version"], "cpu", 0) is None
 

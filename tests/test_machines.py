@@ -37,7 +37,7 @@ def test_simulated_keeps_the_written_command_and_runs_cpu_ranks(tmp_path, monkey
     assert job.shown.startswith("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --config_file accelerate_config_no.json "
                                 "--num_machines 2")
     assert json.loads((tmp_path / "accelerate_config_no.json").read_text())["distributed_type"] == "NO"
-    assert "hccl" in job.why and "a real 4-rank gloo group" in job.why  # --num_processes counts every machine's ranks
+    assert "hccl" in job.why and "真正的 4 个 rank 的 gloo 进程组" in job.why  # --num_processes counts every machine's ranks
 
 
 def test_simulated_does_not_repeat_a_written_multi_gpu_and_keeps_other_variables(tmp_path, monkeypatch):

@@ -52,7 +52,7 @@ def test_parse_a_command_over_lines():
 
 def test_rules_python_pip_uv_accelerate():
     r = commands.command_here(commands.parse("python --version"), info(CPU))
-    assert r.argv == [sys.executable, "--version"] and "kernel's own interpreter" in r.why_line
+    assert r.argv == [sys.executable, "--version"] and "内核自己的解释器" in r.why_line
     for written in ("pip install -U accelerate", "uv pip install -U accelerate"):
         r = commands.command_here(commands.parse(written), info(CPU))
         assert r.argv == [sys.executable, "-m", "pip", "--disable-pip-version-check", "install", "-U", "accelerate"]
@@ -68,7 +68,7 @@ def test_visible_devices_variable_per_platform():
     cuda = commands.command_here(commands.parse(w), info(CUDA2))
     assert cuda.env == {"CUDA_VISIBLE_DEVICES": "0,1"} and "CUDA_VISIBLE_DEVICES" in cuda.why_line
     cpu = commands.command_here(commands.parse(w), info(CPU))
-    assert cpu.env == {} and "dropped" in cpu.why_line
+    assert cpu.env == {} and "去掉" in cpu.why_line
 
 
 def test_npu_smi_absent_is_a_clear_error(monkeypatch):
@@ -82,7 +82,7 @@ def test_check_torch_rewrite_only_for_that_program_and_only_without_torch_npu(mo
     written = commands.parse(f'python -c "{CHECK_TORCH}"')
     monkeypatch.setattr(commands, "torch_npu_installed", lambda: False)
     r = commands.command_here(written, info(CPU))
-    assert r.argv == [sys.executable, "-c", CHECK_TORCH_WITHOUT_NPU] and "torch_npu is not installed" in r.why_line
+    assert r.argv == [sys.executable, "-c", CHECK_TORCH_WITHOUT_NPU] and "这里没装 torch_npu" in r.why_line
     other = commands.parse('python -c "import torch, torch_npu; print(torch.npu.is_available())"')
     assert commands.command_here(other, info(CPU)).argv[2] == other.argv[2]  # no general rewriter
     monkeypatch.setattr(commands, "torch_npu_installed", lambda: True)
@@ -121,11 +121,11 @@ def why(call, machine, tmp_path):
 def test_launch_why_names_the_reason_of_each_machine(tmp_path):
     call = commands.parse_launch("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py")
     cpu = why(call, CPU, tmp_path)
-    assert "starts ONE process" in cpu and "ACCELERATE_USE_CPU=1 + --multi_gpu" in cpu
+    assert "只启动一个进程" in cpu and "ACCELERATE_USE_CPU=1 + --multi_gpu" in cpu
     fallback = why(call, NPU1, tmp_path)
-    assert "CPU 代跑" in fallback and "only 1 NPU" in fallback
+    assert "CPU 代跑" in fallback and "只看得见 1 张 NPU" in fallback
     npu = why(call, NPU2, tmp_path)
-    assert "free rendezvous port instead of 29500" in npu and "defaults given explicitly" in npu
+    assert "空闲的会合端口代替 29500" in npu and "显式给出 Accelerate 的默认配置" in npu
     assert "CUDA_VISIBLE_DEVICES" in why(call, CUDA2, tmp_path)
 
 
@@ -145,9 +145,9 @@ def test_a_learners_config_file_is_read_for_processes_and_precision_and_named_in
     written = commands.parse_launch(f"accelerate launch --config_file {config} --num_processes 2 --mixed_precision no t.py")
     assert (written.num_processes, written.mixed_precision) == (2, "no")  # the command line wins, as in accelerate
     npu = launcher.launch_spec(written, info=info(NPU2), cwd=tmp_path)
-    assert f"your --config_file {config} as written (distributed_type FSDP)" in npu.why and "defaults given" not in npu.why
+    assert f"照写的用你的 --config_file {config}（distributed_type FSDP）" in npu.why and "默认配置" not in npu.why
     assert npu.shown(None).count("--config_file") == 1
-    assert "enables FSDP only on an accelerator, so this config runs as DDP here" in why(call, CPU, tmp_path)
+    assert "只在加速卡上启用 FSDP，所以这份配置在这里跑的是 DDP" in why(call, CPU, tmp_path)
     with pytest.raises(ParameterError, match="cannot read it"):
         commands.parse_launch(f"accelerate launch --config_file {tmp_path / 'missing.yaml'} t.py")
 
