@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import params, proctree
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
+from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, _visible_list
 from .guarded import GUARD, MARKER_ENV
 from .params import cleanup, unattended, validate
 
@@ -61,6 +61,14 @@ class Session:
         """``with S.time_limit("notebook_launcher"): notebook_launcher(...)``: a call that forks ranks inside
         the kernel ends within ``timeout_s``, or fails saying so with its processes stopped (proctree.py)."""
         return proctree.time_limit(self.timeout_s, what)
+
+    def cards(self, n: int | None = None) -> str:
+        """The first ``n`` (default num_processes) of the cards this kernel may use, as a learner writes them
+        ("4,5" where ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set: a shared host's other cards stay untouched);
+        0, 1, ... where no card is visible."""
+        n = self.num_processes if n is None else n
+        ids = _visible_list(self.info.visible_devices, self.info.count)[:n]
+        return ",".join(ids + [str(i) for i in range(len(ids), n)])
 
     @property
     def visible(self) -> str:

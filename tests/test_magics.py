@@ -338,3 +338,18 @@ def test_a_cell_program_keeps_its_own_braces_even_when_the_notebook_defines_the_
     assert out.startswith("--timeout 9 python -c")
     assert "print(f'x={i}')" in out, out  # the program reaches Python as written
     assert out.endswith("--flag=5"), out  # outside the program, fields are expanded
+
+
+def test_cards_are_the_kernels_own_visible_ones(tmp_path):
+    """05 and 06 write device lists from S.cards: on a shared host where this learner sees cards 4-7, never card 0."""
+    shared = from_probe(dict(NPU2, npu_count=4, npu_names=["Ascend910B4"] * 4), environ={"ASCEND_RT_VISIBLE_DEVICES": "4,5,6,7"})
+    S = nbtools.setup(num_processes=2, work_dir=str(tmp_path), info=shared)
+    try:
+        assert (S.cards(1), S.cards(), S.cards(4), S.visible) == ("4", "4,5", "4,5,6,7", "4,5")
+    finally:
+        S.close()
+    S = nbtools.setup(num_processes=2, work_dir=str(tmp_path), info=info(CPU))
+    try:
+        assert (S.cards(1), S.cards(3)) == ("0", "0,1,2")  # no card: 0, 1, ... (dropped on a CPU anyway)
+    finally:
+        S.close()
