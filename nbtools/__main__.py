@@ -127,7 +127,7 @@ def _cmd_check(args) -> int:
 def _cmd_reset(args) -> int:
     from .teacher import reset
 
-    reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, find_links=args.find_links)
+    reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, kill=args.kill, find_links=args.find_links)
     return 0
 
 
@@ -211,10 +211,12 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("folder", nargs="?")
     c.set_defaults(func=_cmd_check)
 
-    rs = sub.add_parser("reset", help="between two workshop groups: stop nbtools' launches, remove notebooks/work/, "
-                        "put back the Accelerate requirements.txt asks for; says what it did")
+    rs = sub.add_parser("reset", help="between two workshop groups: the notebooks back as committed, nbtools' launches "
+                        "stopped, the processes holding a card listed, notebooks/work/ removed, the Accelerate "
+                        "requirements.txt asks for put back; says what it did")
     rs.add_argument("folder", nargs="?", help="the notebooks' folder (default: notebooks/)")
     rs.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
+    rs.add_argument("--kill", action="store_true", help="also stop every process holding a card (npu-smi's table)")
     rs.add_argument("--find-links", metavar="WHEELHOUSE", help="reinstall Accelerate from this folder, with no index")
     rs.set_defaults(func=_cmd_reset)
 

@@ -67,9 +67,6 @@ class Shown:
         return text
 
 
-QUIET = Shown(echo=False)
-
-
 def _shown(echo: bool | Shown) -> Shown:
     return echo if isinstance(echo, Shown) else Shown(echo=bool(echo))
 

@@ -22,7 +22,6 @@ job inherits (proctree.marked), and stopped through their guardian (proctree.sto
 from __future__ import annotations
 
 import concurrent.futures
-import contextlib
 import os
 import time
 import uuid
@@ -36,7 +35,7 @@ from .device import cpu_route
 from .diagnose import Result, benign_blocks
 from .guarded import Shown, run_command
 from .launcher import launch_config
-from .proctree import marked, stop_from_top
+from .proctree import marked, stop_from_top, tops
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
 DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
@@ -100,13 +99,7 @@ def stop(token: str) -> bool:
     procs = processes_of(token)
     if not procs:
         return False
-    pids = {p.pid for p in procs}
-    tops = []
-    for proc in procs:
-        with contextlib.suppress(psutil.Error):
-            if proc.ppid() not in pids:
-                tops.append(proc)
-    stop_from_top(procs, tops)
+    stop_from_top(procs, tops(procs))
     stop_from_top(processes_of(token), [])  # anything the job started while it was being stopped
     return True
 

@@ -54,6 +54,26 @@ def marked(name: str, value=None, within: int | None = None) -> list[psutil.Proc
     return found
 
 
+def existing(pids) -> list[psutil.Process]:
+    """The processes of ``pids`` that still exist."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.append(psutil.Process(pid))
+    return found
+
+
+def tops(procs) -> list[psutil.Process]:
+    """Those of ``procs`` whose parent is not among them (a launch's guardian, above its tree)."""
+    pids = {p.pid for p in procs}
+    found = []
+    for proc in procs:
+        with contextlib.suppress(psutil.Error):
+            if proc.ppid() not in pids:
+                found.append(proc)
+    return found
+
+
 def remember(pid: int, known: dict[int, psutil.Process]) -> None:
     """Add ``pid`` and every descendant alive now to ``known`` (kept there once they are orphaned)."""
     try:

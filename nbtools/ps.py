@@ -20,7 +20,7 @@ import psutil
 
 from .guarded import GUARD, MARKER_ENV
 from .npusmi import parse_npu_smi, summary
-from .proctree import GRACE, marked, stop_from_top
+from .proctree import GRACE, existing, marked, stop_from_top
 
 
 @dataclass
@@ -89,21 +89,15 @@ def render(launches: list[Launch], width: int = 110) -> str:
 def stop(launches: list[Launch], grace: float = GRACE) -> list[int]:
     """Stop every process of these launches (each guardian first: it stops its own tree gracefully);
     returns the pids still alive afterwards (none, normally)."""
-    procs, tops = [], []
-    for launch in launches:
-        for p in launch.processes:
-            try:
-                proc = psutil.Process(p.pid)
-            except psutil.Error:
-                continue
-            procs.append(proc)
-            if p.role == "guardian":
-                tops.append(proc)
+    procs = existing(p.pid for launch in launches for p in launch.processes)
+    guardians = {p.pid for launch in launches for p in launch.processes if p.role == "guardian"}
+    tops = [proc for proc in procs if proc.pid in guardians]
     return stop_from_top(procs, tops, grace)
 
 
-def npu_processes(timeout: float = 20) -> str | None:
-    """The process table of `npu-smi info`, or None where there is no npu-smi."""
+def npu_smi_table(timeout: float = 20) -> dict | str | None:
+    """`npu-smi info` read (npusmi.parse_npu_smi); its text when the layout is unknown or it failed; None where
+    there is no npu-smi."""
     exe = shutil.which("npu-smi")
     if not exe:
         return None
@@ -112,7 +106,7 @@ def npu_processes(timeout: float = 20) -> str | None:
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"npu-smi info failed: {exc}"
     try:
-        return summary(parse_npu_smi(text))  # one line per chip, then who holds an NPU
+        return parse_npu_smi(text)
     except ValueError:  # a layout the parser does not know: show it as it came
         return text.rstrip()
 
@@ -133,9 +127,9 @@ def main(kill: bool = False, out=print, wanted=()) -> int:
     """List (and with ``kill`` stop) the live launches; ``wanted``: only these ids / pids (default: all)."""
     launches = select(find(), wanted)
     out(render(launches))
-    table = npu_processes()
-    if table is not None:
-        out("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + table)
+    table = npu_smi_table()
+    if table is not None:  # one line per chip, then who holds an NPU (as it came, in a layout the parser does not know)
+        out("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + (summary(table) if isinstance(table, dict) else table))
     if not kill or not launches:
         return 0
     left = stop(launches)

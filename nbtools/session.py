@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import params, proctree
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, _visible_list
-from .guarded import GUARD, MARKER_ENV
+from .guarded import MARKER_ENV
 from .params import cleanup, unattended, validate
 
 NEEDS_REAL_NPU = "needs a real NPU"
@@ -106,8 +106,8 @@ class Session:
         self.closed = True
         if _CURRENT is self:
             _CURRENT = None
-        for command in stop_launches():
-            print(f"stopped a background launch still running: {command}")
+        for pid in stop_launches():
+            print(f"stopped a background launch still running (its guardian was pid {pid})")
         try:
             os.chdir(self.origin)
             back = f"cwd back to {self.origin}"
@@ -120,20 +120,13 @@ class Session:
                 f"{self.plan.backend}, work={str(self.work)!r}{', closed' if self.closed else ''})")
 
 
-def stop_launches() -> list[str]:
+def stop_launches() -> list[int]:
     """Stop every launch this process started that still runs (``%launch --background``): found by the marker
-    its guardian carries (``<launch id>:<this pid>``) and stopped through that guardian. Their commands."""
+    its guardian carries (``<launch id>:<this pid>``) and stopped through that guardian. Their guardians' pids."""
     procs = proctree.marked(MARKER_ENV, lambda mark: mark.endswith(f":{os.getpid()}"), within=os.getpid())
-    guardians = [p for p in procs if GUARD in _cmdline(p)]
+    guardians = proctree.tops(procs)  # the marker starts at the guardian: the kernel above it has none
     proctree.stop_from_top(procs, guardians)
-    return [" ".join(_cmdline(g)[_cmdline(g).index("--") + 1:]) if "--" in _cmdline(g) else str(g.pid) for g in guardians]
-
-
-def _cmdline(proc) -> list[str]:
-    try:
-        return proc.cmdline()
-    except Exception:  # gone meanwhile
-        return []
+    return [g.pid for g in guardians]
 
 
 def setup(

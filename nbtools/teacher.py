@@ -407,17 +407,15 @@ def accelerate_problem(requirement: Requirement) -> str | None:
     return None
 
 
-def reset(notebooks: Path | None = None, *, dry_run: bool = False, find_links: str | None = None, out=print) -> list[str]:
-    """Do (or, with ``dry_run``, list) the three steps; returns the lines it printed."""
+def reset(notebooks: Path | None = None, *, dry_run: bool = False, kill: bool = False, find_links: str | None = None,
+          say=print) -> None:
+    """Do (or, with ``dry_run``, list) the steps, saying each. ``kill``: also stop every process that holds a
+    card (npu-smi's table), not only nbtools' launches."""
     from .ps import find, render, stop
 
-    said: list[str] = []
-
-    def say(text: str) -> None:
-        said.append(text)
-        out(text)
-
     verb = "would" if dry_run else "did"
+    folder = notebooks or default_notebooks_dir()
+    _restore_notebooks(folder, verb, say)
     launches = find()
     if launches:
         say(f"launches still running ({len(launches)}):\n{render(launches)}")
@@ -427,7 +425,8 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, find_links: s
     else:
         say("no launch of nbtools is running")
 
-    work = (notebooks or default_notebooks_dir()) / WORK
+    _card_holders(kill and not dry_run, say)
+    work = folder / WORK
     if work.is_dir():
         folders = sorted(p.name for p in work.iterdir())
         if not dry_run:
@@ -440,7 +439,7 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, find_links: s
     problem = accelerate_problem(requirement)
     if problem is None:
         say(f"Accelerate {metadata.version('accelerate')} is what requirements.txt asks for ({requirement}): left alone")
-        return said
+        return
     cmd = [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(requirement)]
     if find_links:
         cmd[4:4] = ["--no-index", "--find-links", find_links]
@@ -448,4 +447,43 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, find_links: s
     if not dry_run:
         subprocess.run(cmd, check=True)
         say(f"Accelerate is now {metadata.version('accelerate')}")
-    return said
+
+
+def _restore_notebooks(folder: Path, verb: str, say) -> None:
+    """The series' notebooks back as committed (git): a learner's edits and autosaves undone; new files left alone."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True)
+
+    edited = git("ls-files", "--modified", "--", "*.ipynb")
+    if edited.returncode != 0:
+        say(f"{folder} is not a git checkout: the notebooks cannot be put back as committed (clone the repository again)")
+        return
+    names = sorted(set(edited.stdout.split()))
+    if names and verb == "did":
+        git("checkout", "--", *names)
+    say(f"{verb} restore {len(names)} edited notebook(s) as committed: {', '.join(names)}" if names
+        else "the notebooks are as committed")
+    new = git("ls-files", "--others", "--exclude-standard", "--", "*.ipynb").stdout.split()
+    if new:
+        say(f"left alone (not part of the series, a learner's own?): {', '.join(new)}")
+
+
+def _card_holders(kill: bool, say) -> None:
+    """Every process holding a card, whoever started it (npu-smi's table); stopped with ``kill``."""
+    from .proctree import existing, is_alive, terminate_then_kill
+    from .ps import npu_smi_table
+
+    table = npu_smi_table()
+    if not isinstance(table, dict):
+        say("no npu-smi here: no card holders to list" if table is None else f"npu-smi: {table}")
+        return
+    pids = sorted({p["pid"] for p in table["processes"] if isinstance(p.get("pid"), int)})
+    if not pids:
+        say("no process holds a card")
+        return
+    say(f"processes holding a card: {', '.join(map(str, pids))}" + ("" if kill else " (--kill stops them)"))
+    if kill:
+        killed = terminate_then_kill(existing(pids))
+        alive = [p.pid for p in existing(pids) if is_alive(p)]
+        say("stopped them" + (f" ({len(killed)} needed SIGKILL)" if killed else "")
+            + (f"; still alive (another user's?): {alive}" if alive else ""))

@@ -3,6 +3,7 @@ and leaves everything else (other files, other processes) as it was."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,7 @@ def test_reset_stops_launches_and_removes_work_folders_and_nothing_else(tmp_path
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "did remove" in proc.stdout and "01_training, 03_big_model_inference" in proc.stdout, proc.stdout
         assert "did stop them" in proc.stdout, proc.stdout
+        assert "is not a git checkout" in proc.stdout, proc.stdout  # a copy: said, nothing restored
         assert not (notebooks / "work").exists()
         assert sorted(p.name for p in notebooks.iterdir()) == [n for n in before if n != "work"]
         assert (notebooks / "my_notes.md").read_text() == "mine\n"
@@ -63,6 +65,61 @@ def test_reset_stops_launches_and_removes_work_folders_and_nothing_else(tmp_path
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def _git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True, capture_output=True)
+
+
+@pytest.mark.alone
+def test_reset_puts_the_notebooks_back_as_committed_and_leaves_new_files(tmp_path):
+    """A group edited a lesson (JupyterLab autosaves): the next group gets it as committed; a learner's own
+    new notebook stays, and is named."""
+    notebooks = tmp_path / "repo" / "notebooks"
+    notebooks.mkdir(parents=True)
+    shutil.copy(Path(NOTEBOOKS) / "00_environment.ipynb", notebooks)
+    _git(notebooks.parent, "init", "-q")
+    _git(notebooks.parent, "add", ".")
+    _git(notebooks.parent, "commit", "-qm", "lessons")
+    lesson = notebooks / "00_environment.ipynb"
+    committed = lesson.read_text(encoding="utf-8")
+    lesson.write_text(committed.replace("check-py", "check-py-edited-by-a-learner"), encoding="utf-8")
+    (notebooks / "mine.ipynb").write_text("{}\n")
+    dry = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks), "--dry-run"],
+                         capture_output=True, text=True, timeout=120)
+    assert "would restore 1 edited notebook(s) as committed: 00_environment.ipynb" in dry.stdout, dry.stdout
+    assert lesson.read_text(encoding="utf-8") != committed
+    proc = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "did restore 1 edited notebook(s)" in proc.stdout, proc.stdout + proc.stderr
+    assert lesson.read_text(encoding="utf-8") == committed
+    assert (notebooks / "mine.ipynb").read_text() == "{}\n" and "left alone" in proc.stdout and "mine.ipynb" in proc.stdout
+
+
+@pytest.mark.alone
+def test_reset_lists_every_card_holder_and_kill_stops_it(tmp_path):
+    """On the simulated NPU (its npu-smi lists who holds a card): a process nbtools did not start holds npu:0."""
+    from nbtools import device
+
+    env = dict(os.environ, **device.environment(), SIMNPU_STATE_DIR=str(tmp_path / "state"))
+    holder = subprocess.Popen([sys.executable, "-c", "import time, torch; torch.zeros(1, device='npu:0'); "
+                               "print('holding', flush=True); time.sleep(300)"], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        notebooks = tmp_path / "notebooks"
+        notebooks.mkdir()
+        listed = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks)], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert f"processes holding a card: {holder.pid} (--kill stops them)" in listed.stdout, listed.stdout
+        assert holder.poll() is None
+        killed = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks), "--kill"], env=env,
+                                capture_output=True, text=True, timeout=120)
+        assert "stopped them" in killed.stdout, killed.stdout
+        assert holder.wait(timeout=30) is not None
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+            holder.wait()
 
 
 def test_accelerate_is_judged_by_requirements_txt():
