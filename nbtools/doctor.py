@@ -31,7 +31,9 @@ def series_requirements(path: Path | None = None) -> dict[str, SpecifierSet]:
     wanted = {}
     for line in lines:
         line = line.split("#", 1)[0].strip()
-        if line and not line.startswith("-"):
+        if line.startswith("-r "):  # requirements.txt reads requirements-learner.txt first
+            wanted.update(series_requirements((path or REQUIREMENTS).parent / line[3:].strip()))
+        elif line and not line.startswith("-"):
             req = Requirement(line)
             wanted[canonicalize_name(req.name)] = req.specifier
     return wanted

@@ -188,8 +188,10 @@ def test_doctor_holds_packages_to_requirements_txt(monkeypatch, tmp_path):
 
     req = tmp_path / "requirements.txt"
     req.write_text("# comment\naccelerate>=1.0\ntransformers>=4.40,<5.0  # the quick-start's\n-r other.txt\n")
+    (tmp_path / "other.txt").write_text("peft>=0.13\n")  # as requirements.txt reads requirements-learner.txt
     monkeypatch.setattr(doctor, "REQUIREMENTS", req)
-    assert {k: str(v) for k, v in doctor.series_requirements().items()} == {"accelerate": ">=1.0", "transformers": "<5.0,>=4.40"}
+    assert {k: str(v) for k, v in doctor.series_requirements().items()} == {
+        "accelerate": ">=1.0", "transformers": "<5.0,>=4.40", "peft": ">=0.13"}
     real = doctor.installed
     monkeypatch.setattr(doctor, "installed", lambda pkg: "4.30.0" if pkg == "transformers" else real(pkg))
     rows = {r.what: r for r in doctor.diagnose(nbtools.detect())}
