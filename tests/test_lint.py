@@ -21,7 +21,7 @@ def test_ruff_is_clean():
     if ruff is None:
         skip_outside_ci("ruff is not installed: pip install -r requirements-dev.txt")
     proc = subprocess.run(
-        [ruff, "check", "--output-format", "concise", "nbtools", "bench", "tests", "notebooks"],
+        [ruff, "check", "--output-format", "concise", "nbtools", "bench", "tests", "notebooks", "tools"],
         cwd=ROOT,
         capture_output=True,
         text=True,
