@@ -270,16 +270,17 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
         if adapted:
             argv[:] = adapted[0]
             real.why.append(adapted[1])
+    elif prog == "uv" and argv[1:2] == ["pip"] and shutil.which("uv"):  # uv itself, aimed at the kernel's interpreter
+        argv[:] = [shutil.which("uv"), "pip", *argv[2:3], "--python", sys.executable, *argv[3:]]
+        real.why.append("`uv pip` 加上 `--python <内核的解释器>`：包装进这个 notebook 运行的环境")
     elif prog == "pip" or (prog == "uv" and argv[1:2] == ["pip"]):
-        rest = argv[2:] if prog == "uv" else argv[1:]
-        argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *rest]
-        real.why.append(f"`{'uv pip' if prog == 'uv' else 'pip'}` 换成内核自己的 pip，包装进这个 notebook 运行的环境")
+        argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *argv[2 if prog == "uv" else 1:]]
+        real.why.append(f"{'这里没有 uv：`uv pip`' if prog == 'uv' else '`pip`'} 换成内核自己的 pip，包装进这个 notebook 运行的环境")
     elif prog == "accelerate":
         argv[0] = executable("accelerate")
         real.why.append("`accelerate` 换成内核所在环境里的命令")
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
-        raise CommandNotHere("`npu-smi` exists only on Ascend hosts (it comes with the NPU driver); "
-                             f"not found on this {info.kind.upper()} machine")
+        raise CommandNotHere(f"`npu-smi` exists only on Ascend hosts (with the NPU driver), not on this {info.kind.upper()}")
     _visible_rule(env, info, real)
     real.env = env
     return real

@@ -107,8 +107,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
 def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
     """What the config file changes: Accelerate's defaults given explicitly, or the learner's file as written."""
     if call.config_file is None:
-        return ("显式给出 Accelerate 的默认配置（工作文件夹里的 accelerate_config_*.json），"
-                "你的 `accelerate config` 文件不会改变这次运行")
+        return "显式给出 Accelerate 的默认配置（工作文件夹里的 accelerate_config_*.json），你的 `accelerate config` 文件不会改变这次运行"
     kind = call.config.get("distributed_type", "NO")
     said = (f"照写的用你的 --config_file {call.config_file}（distributed_type {kind}），"
             "其中的 num_processes 和 mixed_precision 显式给出")

@@ -4,6 +4,7 @@ the rewrite rules of commands.py, and the session's work-folder rules."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import sys
 import textwrap
@@ -50,7 +51,9 @@ def test_parse_a_command_over_lines():
         commands.parse("--quiet python --version")
 
 
-def test_rules_python_pip_uv_accelerate():
+def test_rules_python_pip_uv_accelerate(monkeypatch):
+    which = shutil.which  # no uv on this machine, whatever is installed
+    monkeypatch.setattr(commands.shutil, "which", lambda name, **kw: None if name == "uv" else which(name, **kw))
     r = commands.command_here(commands.parse("python --version"), info(CPU))
     assert r.argv == [sys.executable, "--version"] and "内核自己的解释器" in r.why_line
     for written in ("pip install -U accelerate", "uv pip install -U accelerate"):
@@ -353,3 +356,19 @@ def test_cards_are_the_kernels_own_visible_ones(tmp_path):
         assert (S.cards(1), S.cards(3)) == ("0", "0,1,2")  # no card: 0, 1, ... (dropped on a CPU anyway)
     finally:
         S.close()
+
+
+def test_uv_pip_runs_uv_aimed_at_the_kernels_interpreter_where_uv_is_installed(tmp_path, monkeypatch):
+    """`uv pip install` as the quick-start writes it: uv itself with --python <the kernel's interpreter>; without uv,
+    the kernel's pip, and the why line says there is no uv."""
+    uv = tmp_path / "uv"
+    uv.write_text("#!/bin/sh\necho uv \"$@\"\n")
+    uv.chmod(0o755)
+    written = commands.parse("uv pip install --index-url https://mirrors.aliyun.com/pypi/simple accelerate")
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    real = commands.command_here(written, info(CPU))
+    assert real.argv == [str(uv), "pip", "install", "--python", sys.executable, "--index-url",
+                         "https://mirrors.aliyun.com/pypi/simple", "accelerate"], real.argv
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    real = commands.command_here(written, info(CPU))
+    assert real.argv[:3] == [sys.executable, "-m", "pip"] and "这里没有 uv" in real.why_line, real.argv
