@@ -1,25 +1,12 @@
-"""The guardian: parent of every launched command, so that no launch outlives whoever started it.
+"""The guardian: parent of every launched command, so that no launch outlives whoever started it
+(README, "Runs that leave nothing behind").
 
-``launcher.run_command`` does not start a command itself. It starts this small program, in a new
-session, and this program starts the command. Then:
-
-- the guardian is a *child subreaper* (Linux): ranks that torch elastic puts in their own
-  sessions, and any process orphaned by its parent (``bash -c 'sleep 999 & echo hi'``), stay
-  its descendants, so it can always find and stop them;
-- its stdin is a pipe from the starter. ``stop`` on it asks for a graceful stop, ``kill`` for
-  an immediate one, and end-of-file means the starter is gone: a notebook kernel that was
-  restarted, shut down or killed with SIGKILL, or ``python -m nbtools launch`` ended by a
-  signal. In each case the guardian stops the whole tree and exits;
-- SIGTERM, SIGINT and SIGHUP to the guardian itself stop the tree too;
-- when the command exits, the guardian stops whatever it left behind (a descendant still
-  holding the output pipe), so the starter sees the end of the output promptly;
-- at exit it writes one JSON line on stderr: ``{"returncode", "killed", "reason"}``.
-
-Stopping is SIGTERM to every live descendant (``accelerate launch``'s agent then ends its
-workers cleanly), a grace period, then SIGKILL to whatever is still alive. Only live
-descendants are signalled, and the guardian reaps its own children, so a reused pid is never
-hit. Run as a script (``python guard.py [--grace S] -- CMD ...``): it imports only the standard
-library, psutil and its sibling proctree.py (the one stop loop), so it starts in tens of milliseconds.
+``guarded.run_command`` starts this small program in a new session, and it starts the command. It is a
+child subreaper (orphans stay its descendants); ``stop`` / ``kill`` on its stdin, its stdin's end (the
+starter is gone), or SIGTERM / SIGINT / SIGHUP stop the whole tree; when the command exits it stops what
+the command left behind. At exit it writes one JSON line on stderr: ``{"returncode", "killed", "reason"}``.
+Run as a script (``python guard.py [--grace S] -- CMD ...``), importing only the standard library, psutil
+and its sibling proctree.py, it starts in tens of milliseconds.
 """
 
 from __future__ import annotations

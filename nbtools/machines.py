@@ -1,22 +1,13 @@
-"""The machines of a multi-machine job, run at once on one host (06_multi_node).
+"""The machines of a multi-machine job, run at once on one host (06_multi_node; README, "What runs where").
 
-A multi-machine ``accelerate launch`` is one command per machine, identical but for
-``--machine_rank``. On one host they can all run at the same time and really meet at the
-rendezvous; what this module adds is the plumbing a notebook cell should not carry:
+- ``simulated(text)``: the command that stands in here for one machine's ``accelerate launch`` as written for
+  two Ascend hosts: CPU ranks (device.cpu_route), Accelerate's defaults in a config file beside it.
+- ``run_all(jobs)``: every job through ``guarded.run_command`` in its own thread; the first failure stops the
+  others (they would wait for it at the rendezvous), and so does Ctrl-C.
+- ``run_machines(texts)``: both, printing each machine's command as written, what runs and why, its output.
 
-- ``simulated(text)``: the real command for one machine's command as written for two Ascend
-  hosts. Here every machine is a launch on this host with CPU ranks: the visible-devices
-  variable is dropped, and the CPU route of the launch rule (device.cpu_route) makes the ranks a
-  real gloo group; Accelerate's defaults are given in a config file beside the script.
-- ``run_all(jobs)``: every job in its own thread through ``launcher.run_command`` (timeout, error markers,
-  the whole process tree stopped on any way out). The first job that fails makes the others stop
-  at once: they would otherwise wait for it at the rendezvous or in a collective until the
-  timeout. Ctrl-C (JupyterLab's stop button) stops them all.
-- ``run_machines(texts)``: both, printing each machine's command as written, what really runs and
-  why, then each machine's output; raises a ``LaunchError`` naming the machine that failed first.
-
-A job's processes are found by a marker variable (``NBTOOLS_MACHINE``) that every process of the
-job inherits (proctree.marked), and stopped through their guardian (proctree.stop_from_top).
+A job's processes carry a marker variable (``NBTOOLS_MACHINE``, found by proctree.marked) and are stopped
+through their guardian.
 """
 
 from __future__ import annotations
