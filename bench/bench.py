@@ -51,7 +51,7 @@ from nbtools.checks import SEED_CHECKS, check_ids
 from nbtools.guarded import free_port
 from nbtools.launcher import ABORT_RERUN_SAID, launch_spec
 from nbtools.params import NO_DEFAULT, parameter_defaults
-from nbtools.proctree import ProcessTree
+from nbtools.proctree import is_alive, remember, terminate_then_kill
 from nbtools.runner import SERIES_GLOB
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -301,16 +301,15 @@ def _timed(cmd: list[str], env: dict | None = None, timeout: float = 600) -> flo
     """Wall seconds of ``cmd``; on a timeout or a failure its whole tree is stopped (ranks included)."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    tree = ProcessTree(proc.pid)
+    known: dict = {}  # pid -> psutil.Process: the command and every descendant seen
     try:
         while proc.poll() is None:
-            tree.refresh()  # torch elastic starts its ranks in sessions of their own: remember them
+            remember(proc.pid, known)  # torch elastic starts its ranks in sessions of their own: remember them
             if time.monotonic() - start > timeout:
                 raise TimeoutError(f"{shlex.join(cmd)} ran past {timeout:.0f} s")
             time.sleep(0.05)
     finally:
-        if proc.poll() is None or tree.leftovers():
-            tree.stop()
+        terminate_then_kill([p for p in known.values() if is_alive(p)])  # what is left: the ranks included
     if proc.returncode != 0:
         raise RuntimeError(f"{shlex.join(cmd)} exited {proc.returncode}")
     return time.monotonic() - start

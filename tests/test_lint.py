@@ -201,3 +201,11 @@ def test_the_command_line_imports_a_commands_module_only_when_it_is_asked_for():
     lazy = subprocess.run([sys.executable, "-c", "import sys, nbtools.__main__; print('nbtools.ps' in sys.modules)"],
                           capture_output=True, text=True, timeout=60)
     assert lazy.stdout.strip() == "False", lazy
+
+
+def test_the_bench_scripts_still_import_what_they_use():
+    """The bench is run by hand, not by CI: at least its imports of nbtools must follow the package's changes."""
+    for script in ("bench.py", "teardown.py"):
+        proc = subprocess.run([sys.executable, str(Path(ROOT) / "bench" / script), "--help"], capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
