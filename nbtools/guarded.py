@@ -67,7 +67,7 @@ class Shown:
         return text
 
 
-def _shown(echo: bool | Shown) -> Shown:
+def as_shown(echo: bool | Shown) -> Shown:
     return echo if isinstance(echo, Shown) else Shown(echo=bool(echo))
 
 
@@ -82,7 +82,7 @@ def prepare(argv: list[str], env: dict[str, str | None] | None, offline: bool, e
     full_env.update(given)
     for name in [k for k, v in (env or {}).items() if v is None]:
         full_env.pop(name, None)
-    shown = _shown(echo)
+    shown = as_shown(echo)
     also = tuple((k, v) for k, v in full_env.items() if k not in given and os.environ.get(k) != v)
     # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
     # torchinductor_* folders in the temp dir at every launch otherwise.

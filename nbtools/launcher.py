@@ -21,7 +21,7 @@ from .checks import LaunchError
 from .commands import LaunchCall, executable, shell_line
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .diagnose import Result, gloo_exit_abort, raise_on_failure
-from .guarded import Background, Shown, free_port, run_command, start_background
+from .guarded import Background, Shown, as_shown, free_port, run_command, start_background
 from .params import validate
 
 MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
@@ -86,7 +86,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
     run_env = dict(plan.env, **call.env)
     # ACCELERATE_* variables exported in the kernel would change the launch: they are removed.
-    unset = [k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env]
+    unset = foreign_accelerate_vars(run_env)
     if unset:
         notes.append(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
     folder = str(cwd if cwd is not None else os.getcwd())
@@ -102,6 +102,11 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     why.append(_config_why(call, plan))
     return LaunchSpec(plan, call, (*run_env.items(), *((k, None) for k in unset)), (*config_flags, *call.extra_flags),
                       "；".join(w for w in why if w), tuple(notes), timeout, folder, port)
+
+
+def foreign_accelerate_vars(launch_env) -> list[str]:
+    """ACCELERATE_* variables of this environment that a launch does not set itself: to be removed."""
+    return [k for k in os.environ if k.startswith("ACCELERATE_") and k not in launch_env]
 
 
 def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
@@ -157,7 +162,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
     ``end_training()`` (measured on a 2-core CPU with torch 2.14.1: about 1 launch in 8 of an
     evaluation script). Each rerun is said in the cell; a third abort fails the launch.
     """
-    shown = echo if isinstance(echo, Shown) else Shown(echo=bool(echo))
+    shown = as_shown(echo)
     if shown.echo and spec.notes:
         print("\n".join(spec.notes))
     tries = 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns

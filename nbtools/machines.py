@@ -18,14 +18,12 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import psutil
-
 from . import commands
 from .checks import LaunchError, LaunchTimeout, ParameterError
 from .device import cpu_route
 from .diagnose import Result, benign_blocks
 from .guarded import Shown, run_command
-from .launcher import launch_config
+from .launcher import foreign_accelerate_vars, launch_config
 from .proctree import marked, stop_from_top, tops
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
@@ -76,22 +74,17 @@ def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
     config = launch_config("NO", folder) if "--config_file" not in written.argv else []
     flags = [*(f for f in mode if f not in written.argv), *config, *written.argv[2:]]
     # ACCELERATE_* variables of this environment must not reach them either (None: removed)
-    env.update({k: None for k in os.environ if k.startswith("ACCELERATE_") and k not in env})
+    env.update(dict.fromkeys(foreign_accelerate_vars(env)))
     return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}；{said}")
-
-
-def processes_of(token: str) -> list[psutil.Process]:
-    """Live descendants of this process that carry the job marker ``token``."""
-    return marked(MACHINE_ENV, token, within=os.getpid())
 
 
 def stop(token: str) -> bool:
     """Stop every process of one job through its guardian (it stops its own tree). False if none was found."""
-    procs = processes_of(token)
+    procs = marked(MACHINE_ENV, token, within=os.getpid())  # this job's processes, by its marker
     if not procs:
         return False
     stop_from_top(procs, tops(procs))
-    stop_from_top(processes_of(token), [])  # anything the job started while it was being stopped
+    stop_from_top(marked(MACHINE_ENV, token, within=os.getpid()), [])  # anything the job started while it was being stopped
     return True
 
 
