@@ -163,9 +163,6 @@ class Lab:
             except urllib.error.HTTPError:
                 pass
 
-    def contents(self, path: str) -> dict:
-        return self.request("GET", f"/api/contents/{quote(path)}?type=notebook&content=1")[1]
-
     def stop(self) -> None:
         """Kernels first (politely), then the server and every descendant still alive."""
         if self.proc is None:
@@ -314,23 +311,33 @@ def run_all(page, lab: Lab, name: str, artifacts: Path, stream: tuple[int, str] 
 
 
 def save_and_read(page, lab: Lab, name: str, state: dict) -> nbformat.NotebookNode:
-    """Ctrl+S, then the notebook as the server stored it, once it holds what the page shows."""
+    """Ctrl+S, then the notebook as the server stored it, once it holds what the page shows.
+
+    The file is read from disk, not through the contents API: a GET that lands while the server
+    is writing the file in place finds it unreadable and, seeing the atomic-writing backup, puts
+    the backup (the notebook before the save) back over it and keeps the new one as
+    ``<name>.invalid`` (jupyter_server's ``_read_notebook``; CI, 2026-12-03: the save was logged,
+    and the polling then undid it). Reading the file cannot change it; a half-written file does
+    not parse and is read again.
+    """
     shown = [prompt_count(c["prompt"]) for c in state["cells"] if c["code"]]
     page.locator("#jp-main-dock-panel .lm-TabBar-tab.lm-mod-current").first.click()
     page.keyboard.press("Control+s")
 
     def saved():
         try:
-            nb = nbformat.from_dict(lab.contents(name)["content"])
-        except urllib.error.HTTPError as exc:  # 400 "Unreadable Notebook": read while the server was writing it
-            if exc.code != 400:  # (its "atomic" writing keeps a backup copy but writes the file in place)
-                raise
+            nb = nbformat.read(lab.root / name, as_version=4)
+        except ValueError:  # not JSON yet: the server is still writing it
             return None
         counts = [c.get("execution_count") for c in nb.cells if c.cell_type == "code"]
         return nb if counts == shown else None
 
+    def logged():
+        saves = lab.log_path.read_text(encoding="utf-8", errors="replace").count(f"Saving file at /{name}")
+        return f"the server logged {saves} save(s) of {name}"
+
     return wait_until(saved, SAVE, f"Ctrl+S to store {name} as the page shows it (execution counts {shown})",
-                      interval=0.5)
+                      interval=0.5, on_timeout=logged)
 
 
 def saved_errors(nb) -> list[tuple[int, str]]:
