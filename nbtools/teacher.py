@@ -2,8 +2,9 @@
 
 Rules: valid nbformat 4 (4.5: every cell has an id); no outputs, execution counts or papermill
 metadata; kernelspec `python3`; exactly one `parameters` cell; `import nbtools` before the first
-`nbtools.`; every exercise under '## 练习' followed by its collapsed hint and answer
-(`<summary>提示</summary>`, `<summary>答案</summary>`); no `!cmd` / `%pip` / `%%bash` (their failures
+`nbtools.`; every exercise in its own markdown cell (`### 练习 N`, after the section it practises) with
+its collapsed hint and answer (`<summary>提示</summary>`, `<summary>答案</summary>`) and an empty code cell
+below it; at most 10,000 characters of prose outside those folded blocks; no `!cmd` / `%pip` / `%%bash` (their failures
 do not fail a run: use `%cmd` or nbtools.run_command); every quick-start check id tagged (`check:<id>`)
 on exactly one code cell across the series, and that cell prints its verdict with passed()/skipped();
 an assertion message, an output label or a check id quoted in backticks in the prose (answers included) is
@@ -11,11 +12,10 @@ one that a code cell of the series or nbtools itself produces.
 
 Run the exercise answers that are code, and check that each still does what its text says.
 
-The 练习 cell of a notebook carries, in its metadata under ``nbtools.answers``, one entry per
-exercise whose answer can be applied to the lesson mechanically::
+An exercise cell whose answer can be applied to the lesson mechanically carries it in its metadata,
+under ``nbtools.answers`` (a list: one exercise may have several)::
 
-    {"exercise": 4,
-     "params": {"num_processes": 1},                   # optional: as `-p name=value`
+    {"params": {"num_processes": 1},                   # optional: as `-p name=value`
      "edits": [{"cell": "loaded = dispatch_model(",   # the one code cell that contains this text
                 "after": "loaded = dispatch_model(",  # insert after the line containing this text ...
                 "code": 0}],                           # ... code block 0 of the answer, as the learner reads it
@@ -143,43 +143,46 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     return problems, claims
 
 
-_HEADING = re.compile(r"^## 练习\s*$", re.M)
-_ITEM = re.compile(r"^(\d+)\. ", re.M)
+_EXERCISE = re.compile(r"^### 练习 (\d+)", re.M)  # one exercise per markdown cell, right after what it practises
 _FENCE = re.compile(r"^[ \t]*```[\w-]*\n(.*?)^[ \t]*```", re.M | re.S)
+_FOLDED = re.compile(r"<details>.*?</details>", re.S)
 HINT_SUMMARY, ANSWER_SUMMARY = "<summary>提示</summary>", "<summary>答案</summary>"
+PROSE_LIMIT = 10_000  # characters of markdown a learner reads, outside the folded hints and answers
 
 
-def exercise_cell(nb):
-    """The markdown cell holding the ``## 练习`` section (it may share the cell with ``## 小结``)."""
-    return next((c for c in nb.cells if c.cell_type == "markdown" and _HEADING.search(c.source)), None)
+def exercise_cells(nb) -> list[tuple[int, int]]:
+    """(exercise number, cell index) of every exercise cell: a markdown cell that starts ``### 练习 N``."""
+    return [(int(m.group(1)), i) for i, c in enumerate(nb.cells)
+            if c.cell_type == "markdown" and (m := _EXERCISE.match(c.source))]
 
 
-def exercises_text(cell) -> str:
-    """The ``## 练习`` section of ``cell``: from its heading up to the next ``## `` heading."""
-    text = cell.source[_HEADING.search(cell.source).start():]
-    return text[: m.start()] if (m := re.search(r"^## (?!练习)", text, re.M)) else text
-
-
-def exercise_items(exercises_md: str) -> dict[int, str]:
-    """The numbered exercises of a ``## 练习`` section: number -> its text (question, hint, answer)."""
-    items = list(_ITEM.finditer(exercises_md))
-    ends = [m.start() for m in items[1:]] + [len(exercises_md)]
-    return {int(m.group(1)): exercises_md[m.start():end] for m, end in zip(items, ends)}
+def prose_chars(nb) -> int:
+    """Characters of markdown outside the folded ``<details>`` blocks (hints and answers)."""
+    return sum(len(_FOLDED.sub("", c.source)) for c in nb.cells if c.cell_type == "markdown")
 
 
 def exercise_problems(nb) -> list[str]:
-    """Every numbered exercise under '## 练习' has its hint and its answer, collapsed, right below it."""
-    cell = exercise_cell(nb)
-    if cell is None:
-        return ["no '## 练习' section"]
-    items = exercise_items(exercises_text(cell))
-    if not items:
-        return ["'## 练习' lists no numbered exercise"]
+    """Each exercise is its own markdown cell (``### 练习 N``, numbered 1, 2, ... in order) with its folded
+    hint and answer, sharing the cell with no section, followed by an empty code cell to work in."""
+    found = exercise_cells(nb)
+    if not found:
+        return ["no exercise: a markdown cell starting '### 练习 1' after the section it practises"]
     out = []
-    for number, body in items.items():
-        missing = [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in body]
+    if [n for n, _ in found] != list(range(1, len(found) + 1)):
+        out.append(f"exercises numbered {[n for n, _ in found]}, expected 1 to {len(found)} in order")
+    for number, i in found:
+        source = nb.cells[i].source
+        missing = [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in source]
         if missing:
             out.append(f"exercise {number} has no {' / '.join(missing)} below it (a collapsed <details> block)")
+        if len(_EXERCISE.findall(source)) > 1 or re.search(r"^##? ", source, re.M):
+            out.append(f"exercise {number} shares its cell with another exercise or a section: one exercise per cell")
+        after = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+        if after is None or after.cell_type != "code" or after.source.strip():
+            out.append(f"exercise {number} is not followed by an empty code cell to work in")
+    if (chars := prose_chars(nb)) > PROSE_LIMIT:
+        out.append(f"{chars:,} characters of prose outside the folded hints and answers (at most {PROSE_LIMIT:,}): "
+                   "cut, or move to the appendix")
     return out
 
 
@@ -254,15 +257,11 @@ class Answer:
         return f"{self.notebook.stem} 练习 {self.exercise}"
 
 
-def answer_blocks(exercises_md: str, number: int) -> list[str]:
-    """The fenced code blocks of exercise ``number``'s answer, dedented as a learner copies them."""
-    items = exercise_items(exercises_md)
-    if number not in items:
-        raise ParameterError(f"exercise {number} does not exist")
-    item = items[number]
-    if ANSWER_SUMMARY not in item:
-        raise ParameterError(f"exercise {number} has no {ANSWER_SUMMARY}")
-    answer = item.split(ANSWER_SUMMARY, 1)[1]
+def answer_blocks(exercise_md: str) -> list[str]:
+    """The fenced code blocks of an exercise's answer, dedented as a learner copies them."""
+    if ANSWER_SUMMARY not in exercise_md:
+        raise ParameterError(f"the exercise has no {ANSWER_SUMMARY}")
+    answer = exercise_md.split(ANSWER_SUMMARY, 1)[1]
     return [_dedent(m.group(1)) for m in _FENCE.finditer(answer)]
 
 
@@ -329,19 +328,19 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
     answers = []
     for path in notebooks:
         nb = nbformat.read(path, as_version=4)
-        cell = exercise_cell(nb)
-        specs = (cell.metadata.get("nbtools", {}).get("answers", []) if cell is not None else [])
-        for k, spec in enumerate(specs):
-            answer = Answer(path, int(spec["exercise"]), spec)
-            variant = nbformat.read(path, as_version=4)
-            try:
-                apply(variant, spec, answer_blocks(exercises_text(cell), answer.exercise))
-            except ParameterError as exc:
-                answer.problems.append(str(exc))
-            else:
-                answer.variant = folder / f"{path.stem}__answer{answer.exercise}_{k}.ipynb"
-                nbformat.write(variant, answer.variant)
-            answers.append(answer)
+        for number, index in exercise_cells(nb):
+            cell = nb.cells[index]
+            for k, spec in enumerate(cell.metadata.get("nbtools", {}).get("answers", [])):
+                answer = Answer(path, number, spec)
+                variant = nbformat.read(path, as_version=4)
+                try:
+                    apply(variant, spec, answer_blocks(cell.source))
+                except ParameterError as exc:
+                    answer.problems.append(str(exc))
+                else:
+                    answer.variant = folder / f"{path.stem}__answer{number}_{k}.ipynb"
+                    nbformat.write(variant, answer.variant)
+                answers.append(answer)
     return answers
 
 

@@ -12,37 +12,40 @@ from nbtools import ParameterError
 from nbtools.runner import discover
 from nbtools.teacher import Answer, answer_blocks, apply, collect, judge
 
-EXERCISES = """## 练习
+EXERCISE_1 = """### 练习 1
 
-1. Change it.
+Change it.
 
-   <details><summary>提示</summary>
+<details><summary>提示</summary>
 
-   ```python
-   hint_code()
-   ```
+```python
+hint_code()
+```
 
-   </details>
-   <details><summary>答案</summary>
+</details>
+<details><summary>答案</summary>
 
-   Add this:
+Add this:
 
    ```python
    with torch.no_grad():
        w.mul_(-1)
    ```
 
-   </details>
+</details>
+"""
 
-2. Another.
+EXERCISE_2 = """### 练习 2
 
-   <details><summary>答案</summary>
+Another.
 
-   ```shell
-   accelerate launch x.py
-   ```
+<details><summary>答案</summary>
 
-   </details>
+```shell
+accelerate launch x.py
+```
+
+</details>
 """
 
 
@@ -53,16 +56,17 @@ def _lesson():
         nbformat.v4.new_markdown_cell("## 坑 3：fork"),
         nbformat.v4.new_code_cell("if True:\n    loaded = dispatch()\n    go(loaded)"),
         nbformat.v4.new_code_cell("budget = int(0.4 * size)"),
-        nbformat.v4.new_markdown_cell(EXERCISES),
+        nbformat.v4.new_markdown_cell(EXERCISE_1),
+        nbformat.v4.new_code_cell(""),
     ]
     return nb
 
 
 def test_answer_blocks_are_the_answers_code_dedented_not_the_hints():
-    assert answer_blocks(EXERCISES, 1) == ["with torch.no_grad():\n    w.mul_(-1)\n"]
-    assert answer_blocks(EXERCISES, 2) == ["accelerate launch x.py\n"]
-    with pytest.raises(ParameterError, match="exercise 3 does not exist"):
-        answer_blocks(EXERCISES, 3)
+    assert answer_blocks(EXERCISE_1) == ["with torch.no_grad():\n    w.mul_(-1)\n"]
+    assert answer_blocks(EXERCISE_2) == ["accelerate launch x.py\n"]
+    with pytest.raises(ParameterError, match="has no <summary>答案</summary>"):
+        answer_blocks(EXERCISE_2.split("<details>")[0])
 
 
 def test_apply_inserts_replaces_adds_a_cell_and_sets_parameters():
@@ -75,7 +79,7 @@ def test_apply_inserts_replaces_adds_a_cell_and_sets_parameters():
             {"new_cell_before": "## 坑 3", "code": "from accelerate import Accelerator; Accelerator()"},
         ],
     }
-    apply(nb, spec, answer_blocks(EXERCISES, 1))
+    apply(nb, spec, answer_blocks(EXERCISE_1))
     sources = [c.source for c in nb.cells]
     assert sources[0].endswith("num_processes = 1  # set by this answer")
     assert sources[1] == "from accelerate import Accelerator; Accelerator()" and sources[2] == "## 坑 3：fork"
@@ -87,7 +91,7 @@ def test_a_block_replacing_an_indented_line_keeps_that_indentation():
     """A multi-line answer put in place of lines inside a loop body stays inside it (07 练习 3)."""
     nb = _lesson()
     apply(nb, {"edits": [{"cell": "loaded = dispatch()", "replace": "loaded = dispatch()", "code": 0}]},
-          answer_blocks(EXERCISES, 1))
+          answer_blocks(EXERCISE_1))
     assert nb.cells[2].source == "if True:\n    with torch.no_grad():\n        w.mul_(-1)\n    go(loaded)"
 
 
@@ -102,7 +106,7 @@ def test_a_block_replacing_an_indented_line_keeps_that_indentation():
 )
 def test_an_answer_whose_lesson_changed_fails(edit, message):
     with pytest.raises(ParameterError, match=message):
-        apply(_lesson(), {"edits": [edit]}, answer_blocks(EXERCISES, 1))
+        apply(_lesson(), {"edits": [edit]}, answer_blocks(EXERCISE_1))
 
 
 def test_judge_compares_status_and_reason():
@@ -123,11 +127,12 @@ def test_every_committed_answer_still_applies_to_its_lesson(tmp_path):
 def test_an_answer_for_accelerators_only_is_left_out_on_a_cpu(tmp_path):
     """08's answers make FSDP checks fail on purpose; on a CPU those checks are skipped, so the answers are not
     run there (and not counted as passing): the run says so instead."""
-    from nbtools.teacher import exercise_cell, run_answers
+    from nbtools.teacher import exercise_cells, run_answers
 
     said = []
     sharding = [p for p in discover([]) if p.name == "08_sharding.ipynb"]
-    specs = exercise_cell(nbformat.read(sharding[0], as_version=4)).metadata["nbtools"]["answers"]
+    nb = nbformat.read(sharding[0], as_version=4)
+    specs = [s for _, i in exercise_cells(nb) for s in nb.cells[i].metadata.get("nbtools", {}).get("answers", [])]
     assert [s.get("devices") for s in specs] == [["npu", "cuda"]] * 2
     assert run_answers(sharding, tmp_path, kernel="python3", timeout=1, log=said.append, kind="cpu") == []
-    assert [line.split(" (")[0] for line in said] == ["not run here: 08_sharding 练习 1", "not run here: 08_sharding 练习 2"]
+    assert [line.split(" (")[0] for line in said] == ["not run here: 08_sharding 练习 1", "not run here: 08_sharding 练习 4"]

@@ -13,7 +13,7 @@ import pytest
 from conftest import NOTEBOOKS
 
 from nbtools.checks import SEED_CHECKS
-from nbtools.teacher import check_series
+from nbtools.teacher import check_series, exercise_cells
 
 
 def test_committed_series_is_clean():
@@ -58,15 +58,36 @@ def _code(nb):
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("%pip install accelerate")), "shell escape '%pip'"),
         (lambda nb: [c.__setitem__("source", c.source.replace("import nbtools\n", "")) for c in nb.cells if c.cell_type == "code"],
          "uses nbtools. before any `import nbtools`"),
-        (lambda nb: [c.__setitem__("source", c.source.replace("<summary>答案</summary>", "<summary>Answer</summary>", 1))
-                     for c in nb.cells if c.cell_type == "markdown" and "## 练习" in c.source],
+        (lambda nb: _exercise(nb, 1).__setitem__("source", _exercise(nb, 1).source.replace("<summary>答案</summary>", "")),
          "exercise 1 has no <summary>答案</summary> below it"),
+        (lambda nb: nb.cells.__setitem__(_at(nb, 1) + 1, nbformat.v4.new_code_cell("# my work")),
+         "exercise 1 is not followed by an empty code cell to work in"),
+        (lambda nb: _exercise(nb, 1).__setitem__("source", _exercise(nb, 1).source + "\n## 小结\n\n- done\n"),
+         "exercise 1 shares its cell with another exercise or a section"),
+        (lambda nb: _exercise(nb, 2).__setitem__("source", _exercise(nb, 2).source.replace("### 练习 2", "### 练习 3", 1)),
+         "exercises numbered [1, 3"),
+        (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("长" * 10_001)),
+         "characters of prose outside the folded hints and answers (at most 10,000)"),
+        (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("<details><summary>答案</summary>" + "长" * 10_001 + "</details>")),
+         None),
     ],
 )
 def test_each_rule_catches_its_defect(copy, mutate, expected):
+    """Each rule, broken once, is reported; a long answer folded under <details> is not prose (expected None)."""
     _edit(_first(copy), mutate)
     problems = check_series(copy)
-    assert any(expected in p for p in problems), problems
+    if expected is None:
+        assert problems == [], problems
+    else:
+        assert any(expected in p for p in problems), problems
+
+
+def _at(nb, number: int) -> int:
+    return dict(exercise_cells(nb))[number]
+
+
+def _exercise(nb, number: int):
+    return nb.cells[_at(nb, number)]
 
 
 def test_a_cell_without_an_id_is_reported(copy):
@@ -100,7 +121,7 @@ def test_a_stale_quote_in_the_prose_is_reported(copy, quote, kind):
     renamed or translated since, the quote is reported; the same quote of a real one is not."""
     path = copy / "01b_training_right.ipynb"
     nb = nbformat.read(path, as_version=4)
-    exercises = next(c for c in nb.cells if c.cell_type == "markdown" and "\n## 练习" in c.source)
+    exercises = _exercise(nb, 1)
     exercises.source += f"\n\n上面失败时会看到 {quote}。\n"
     nbformat.write(nb, path)
     assert any(f"quotes the {kind} {quote}" in p for p in check_series(copy)), check_series(copy)
