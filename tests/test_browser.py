@@ -175,10 +175,12 @@ def test_notebook_runs_clean_in_jupyterlab(lab, page, artifacts, name):
         scroll_to(page, errors[0][0])
         seen.screenshots.append(shot(page, artifacts, f"{Path(name).stem}-error.png"))
     assert not errors, f"{name} in JupyterLab: error output(s) {errors}; screenshots: {seen.screenshots}"
-    # 2. every code cell ran, in the page and in the saved file
-    not_run = [i for i, c in enumerate(cells) if c["code"] and not isinstance(prompt_count(c["prompt"]), int)]
+    # 2. every code cell ran, in the page and in the saved file (but the empty cells left for the exercises:
+    #    JupyterLab does not send an empty cell to the kernel, so it gets no execution count)
+    not_run = [i for i, c in enumerate(cells)
+               if c["code"] and nb.cells[i].source.strip() and not isinstance(prompt_count(c["prompt"]), int)]
     assert not not_run, f"{name}: cells {not_run} have no execution count in the page"
-    assert all(c.execution_count for c in seen.saved.cells if c.cell_type == "code")
+    assert all(c.execution_count for c in seen.saved.cells if c.cell_type == "code" and c.source.strip())
     # 3. each assertion cell printed its own verdict, read from its OUTPUT area (never the source)
     ids = check_cells(nb)
     assert ids, f"{name} has no check cell"
@@ -217,6 +219,82 @@ def test_a_cell_error_is_told_apart_from_stderr(lab, page, artifacts):
     assert stderr_like == [1, 2], f"the page should render stderr and the error alike: {stderr_like}"
     assert saved_errors(seen.saved) == [(2, "AssertionError: broken on purpose")], saved_errors(seen.saved)
     assert prompt_count(cells[3]["prompt"]) is None and seen.saved.cells[3].execution_count is None
+
+
+# --------------------------------------------------------------------------- a learner's fresh clone
+
+
+def _link_the_images_torch(site: Path) -> list[str]:
+    """Stand in for an NPU image's own torch (README.zh-CN: "两个文件都不装 torch"): torch and what it requires,
+    linked from this environment into the learner venv's site-packages, so pip sees it installed and keeps it."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    linked, todo = [], ["torch"]
+    while todo:
+        name = todo.pop()
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        key = dist.metadata["Name"].lower().replace("_", "-")
+        if key in linked or key in {"pip", "setuptools"}:  # the venv has its own
+            continue
+        linked.append(key)
+        todo += [r.name for r in map(Requirement, dist.requires or []) if r.marker is None or r.marker.evaluate({"extra": ""})]
+        for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
+            src, dst = Path(dist.locate_file(top)), site / top
+            if src.exists() and not dst.exists():
+                dst.symlink_to(src)
+    return linked
+
+
+def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(browser, artifacts, tmp_path):
+    """README.zh-CN's path, as a learner takes it: clone, install requirements-learner.txt and nbtools into the
+    kernel's Python (which already has the image's torch), open 00_ascend_jupyterlab in JupyterLab, Run All.
+    The clone is of the committed HEAD: uncommitted changes are not in it. The kernel has no JupyterLab and no
+    nbconvert (the platform brings its own JupyterLab), and every cell runs without an error."""
+    repo = Path(NOTEBOOKS).resolve().parent
+    server = Lab(tmp_path)
+    subprocess.run(["git", "clone", "-q", str(repo), str(server.root)], check=True, timeout=300)
+    venv = tmp_path / "learner"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    assert "torch" in _link_the_images_torch(site)
+    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", "requirements-learner.txt", "-e", "."],
+                             cwd=server.root, capture_output=True, text=True, timeout=1200)
+    if install.returncode != 0:
+        skip_outside_ci(f"pip could not install requirements-learner.txt (no package index?): {install.stderr[-600:]}")
+    missing = subprocess.run([str(python), "-c", "import importlib.util as u; "
+                              "print([m for m in ('jupyterlab', 'nbconvert', 'torch', 'nbtools') if u.find_spec(m) is None])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    assert missing == "['jupyterlab', 'nbconvert']", f"the learner's kernel lacks {missing}"
+    # its Python is the notebooks' kernel, python3: the image's default kernel in README.zh-CN's 方式 A
+    subprocess.run([str(python), "-m", "ipykernel", "install", "--prefix", str(tmp_path / "jupyter"), "--name", "python3"],
+                   check=True, capture_output=True, timeout=120)
+    server.env["JUPYTER_PATH"] = str(tmp_path / "jupyter" / "share" / "jupyter")
+    name = "notebooks/00_ascend_jupyterlab.ipynb"
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(PAGE_LOAD * 1000)
+    try:
+        server.start()
+        open_notebook(page, server, name)
+        seen = run_all(page, server, name, artifacts)
+    finally:
+        context.close()
+        server.stop()
+        left = wait_gone(str(tmp_path) + os.sep, timeout=30)
+        for p in left:
+            p.kill()
+    assert not left, f"left running after JupyterLab was stopped: {[' '.join(p.cmdline()) for p in left]}"
+    assert not saved_errors(seen.saved), f"a fresh clone's 00 in JupyterLab: {saved_errors(seen.saved)}"
+    assert all(c.execution_count for c in seen.saved.cells if c.cell_type == "code" and c.source.strip())
+    outputs = "".join(o.get("text", "") for c in seen.saved.cells for o in c.get("outputs", []))
+    assert f"this kernel runs: {python}" in outputs, "the notebook did not run in the learner's kernel"
 
 
 SLEEPER = """\

@@ -64,6 +64,7 @@ class Lab:
         self.proc: subprocess.Popen | None = None
         self.tree: dict | None = None  # pid -> psutil.Process: the server and every descendant seen
         self.port = 0
+        self.env: dict[str, str] = {}  # added to the server's environment (and so its kernels')
 
     @property
     def url(self) -> str:
@@ -91,6 +92,7 @@ class Lab:
         self._write_settings()
         env = dict(
             os.environ,
+            **self.env,
             JUPYTER_CONFIG_DIR=str(self.base / "config"),  # no user config leaks in
             JUPYTER_RUNTIME_DIR=str(self.base / "runtime"),  # kernel connection files stay here
             PYTHONUNBUFFERED="1",
