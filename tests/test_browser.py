@@ -8,6 +8,7 @@
   then judge from the page and from the notebook saved with Ctrl+S (an error output and
   plain stderr look the same in the page; the saved file tells them apart);
 - the stop button ends every process of a running ``accelerate launch``;
+- a fresh clone with only requirements-learner.txt in the kernel (no JupyterLab there) runs 00_ascend_jupyterlab;
 - the index.html of a ``python -m nbtools run`` matches its report.json.
 
 The driver (server, page state, Run All, Ctrl+S) is in tests/browser/jupyterlab.py.
