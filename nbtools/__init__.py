@@ -4,8 +4,8 @@ The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cm
 ``%launch`` magics (magics.py, rules in commands.py) after ``%load_ext nbtools``.
 
 Four parts, each importing only its own and those before it (README, "nbtools: the plumbing"):
-core (device, params, checks, proctree), launch (session, magics, commands, launcher,
-guard, ps, machines), run (runner, kernels, report, teacher, doctor) and the
+core (device, params, checks, proctree, npusmi), launch (session, magics, commands, launcher,
+guarded, diagnose, guard, ps, machines), run (runner, kernels, report, teacher, doctor) and the
 lessons' helpers (bigmodel, ranks). Importing this package never imports torch.
 """
 

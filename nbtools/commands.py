@@ -306,7 +306,8 @@ class LaunchCall:
            env: dict[str, str] | None = None, extra_flags=()) -> LaunchCall:
         """A launch built in code (``nbtools.accelerate_launch``), read as if it were written."""
         flags = list(extra_flags)
-        config_file = flags[flags.index("--config_file") + 1] if "--config_file" in flags[:-1] else None
+        config_file = next((f.partition("=")[2] for f in flags if f.startswith("--config_file=")), None) or (
+            flags[flags.index("--config_file") + 1] if "--config_file" in flags[:-1] else None)  # both forms, as parse_launch
         return cls(str(script), list(map(str, script_args)), num_processes, mixed_precision, flags, dict(env or {}),
                    config_file=config_file, config=read_launch_config(config_file) if config_file else {})
 

@@ -207,7 +207,8 @@ class DeviceInfo:
         kind = self.resolve(device)
         n, note, why = num_processes, "", []
         flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
-        if kind != "cpu" and self.count < n:
+        fallback = kind != "cpu" and self.count < n
+        if fallback:
             note = (
                 f"CPU (gloo) stand-in: {n} processes asked, but only {self.count} "
                 f"{kind.upper()} device(s) visible ({self.visible_var}={self.visible_devices or 'unset'}); "
@@ -215,7 +216,7 @@ class DeviceInfo:
             )
             env, mode, said = cpu_route(n)
             why.append(f"要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}：CPU 代跑（{said}），hccl/nccl 没有用到")
-            kind = "fallback"
+            kind = "cpu"
         elif kind == "cpu":
             env, mode, said = cpu_route(n)
             note = f"CPU: {n} process(es), gloo backend" if self.kind == "cpu" else (
@@ -232,7 +233,6 @@ class DeviceInfo:
                 why.append(f"这里是 CUDA：用 {VISIBLE_VARS['cuda']} 代替 {VISIBLE_VARS['npu']}"
                            + ("，并加 --multi_gpu" if mode else ""))
             note = f"{kind.upper()}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
-        fallback, kind = kind == "fallback", ("cpu" if kind == "fallback" else kind)
         return LaunchPlan(
             kind=kind,
             num_processes=n,

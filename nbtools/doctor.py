@@ -160,9 +160,10 @@ def _package_rows() -> list[Row]:
     for pkg in ("accelerate", "transformers", "peft", "papermill", "nbclient", "ipykernel"):
         ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
         if not ver:
-            rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements.txt"))
+            rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements-learner.txt -e .  (no JupyterLab: "
+                                                            "the platform's own stays)"))
         elif not spec.contains(ver, prereleases=True):
-            rows.append(Row(pkg, ver, WARN, f"requirements.txt asks for {pkg}{spec}: pip install '{pkg}{spec}'"))
+            rows.append(Row(pkg, ver, WARN, f"the requirement files ask for {pkg}{spec}: pip install '{pkg}{spec}'"))
         else:
             rows.append(Row(pkg, ver, OK))
     if not installed("ipywidgets"):

@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -258,6 +259,15 @@ def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = Tru
     return Background(shown.command, proc, log, full_env["TMPDIR"])
 
 
+def stop_background() -> list[int]:
+    """Stop this process's background launches that still run, and tidy those that ended (their private
+    TMPDIR, their guardian's exit status): the running ones' guardian pids (``Session.close``)."""
+    running = [bg for bg in list(_STARTED) if bg.running()]
+    for bg in list(_STARTED):
+        bg.stop()
+    return [bg.pid for bg in running]
+
+
 class Background:
     """A command started with ``%launch --background`` (``start_background``).
 
@@ -273,6 +283,7 @@ class Background:
         self.port: int | None = None
         self.returncode: int | None = None
         self._ended_status: dict | None = None  # the guardian's status line, read once
+        _STARTED.add(self)
 
     @property
     def output(self) -> str:
@@ -301,11 +312,15 @@ class Background:
         self._ended_status = status
         self.returncode = status.get("returncode")
         shutil.rmtree(self._tmp, ignore_errors=True)
+        _STARTED.discard(self)
         return self.returncode
 
     def __repr__(self) -> str:
         state = "running" if self.running() else f"exit {self.wait(0)}"
         return f"<Background: {state}, guardian pid {self.pid}, output in {self.log.name}>"
+
+
+_STARTED: weakref.WeakSet[Background] = weakref.WeakSet()  # not yet ended; a weak set: a forgotten one is found by its mark
 
 
 def _status(proc: subprocess.Popen) -> dict:

@@ -67,8 +67,8 @@ def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
     written = commands.parse(text)
     if written.argv[:2] != ["accelerate", "launch"]:
         raise ParameterError(f"a machine runs `accelerate launch ...`; got `{written.text[:80]}`")
-    world = dict(zip(written.argv, written.argv[1:])).get("--num_processes", "")  # every machine's ranks together
-    route_env, mode, said = cpu_route(max(int(world) if world.isdigit() else 2, 2))
+    world = commands.parse_launch(text, default_processes=2).num_processes  # every machine's ranks together
+    route_env, mode, said = cpu_route(max(world, 2))
     env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **route_env}
     # the user's own Accelerate config must not change the machines' launches: Accelerate's defaults beside them
     config = launch_config("NO", folder) if "--config_file" not in written.argv else []

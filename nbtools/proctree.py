@@ -135,7 +135,7 @@ def terminate_then_kill(procs, grace: float = GRACE, kill_wait: float = 3.0, rea
         if time.monotonic() >= deadline:
             break
         if live:
-            _wait(live, min(0.1, deadline - time.monotonic()), reap)
+            _wait(live, max(0.0, min(0.1, deadline - time.monotonic())), reap)  # the clock moves on between reads
         else:
             time.sleep(0.05)
     killed: list[int] = []

@@ -28,7 +28,6 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,8 +172,7 @@ class _Stopper:
     exits 128 + signal. Every signal goes through nbtools.proctree.
     """
 
-    def __init__(self, log=print, grace: float = STOP_GRACE_S):
-        self.log = log
+    def __init__(self, grace: float = STOP_GRACE_S):
         self.grace = grace
         self.signum: int | None = None
         self.state: KernelState | None = None
@@ -209,7 +207,7 @@ class _Stopper:
 
     def _say(self, text: str) -> None:
         try:
-            self.log(text)
+            print(text)
         except (OSError, ValueError):  # SIGHUP: the terminal may be gone
             pass
 
@@ -314,7 +312,7 @@ class _Plan:
 
 
 @contextmanager
-def _work_root(keep: bool, log):
+def _work_root(keep: bool):
     """The run's private temp folder: the notebooks' work dirs, the kernels' TMPDIR (``tmp/``) and
     IPC sockets; removed at the end unless ``keep``."""
     root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
@@ -323,7 +321,7 @@ def _work_root(keep: bool, log):
         yield root
     finally:
         if keep:
-            log(f"work dirs kept under {root}")
+            print(f"work dirs kept under {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)
 
@@ -340,7 +338,6 @@ class _Run:
     kernels: KernelsAhead
     stopper: _Stopper
     timeout: float | None
-    log: Callable
     stop_reason: str = ""
 
     def notebook(self, i: int, path: Path) -> None:
@@ -350,11 +347,11 @@ class _Run:
             self.stop_reason = f"not run: the run was stopped by {self.stopper.name}"
         if self.stop_reason:
             self.not_run(path)
-            self.log(f"{where}: not run ({self.stop_reason})")
+            print(f"{where}: not run ({self.stop_reason})")
             return
         nb_params = self.plan.params_for(path, self.run_root)
         out_path = self.output_dir / path.name
-        self.log(f"{where}: running ...")
+        print(f"{where}: running ...")
         start = time.monotonic()
         nxt = self.plan.notebooks[i] if i < len(self.plan.notebooks) else None
         error = self.execute(path, nb_params, nxt)
@@ -367,7 +364,7 @@ class _Run:
                            self.kernels.log_for(path).name, nb_params)
         )
         self.report.checks.extend(judge_checks(executed, path.name))
-        self.log(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
+        print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
         if error and not self.stopper.signum and not self.info.healthy:
             problem = next(p for p in self.info.problems if p.blocking)
             self.stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
@@ -434,7 +431,6 @@ def run_notebooks(
     of that notebook's default. Every conversion is checked before the first kernel starts.
     Progress goes to stdout (redirect it to silence the run).
     """
-    log = print
     plan = _Plan.read(notebooks, dict(parameters or {}))
     info = info or detect_for_kernel(kernel)
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
@@ -444,14 +440,14 @@ def run_notebooks(
     )
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs
-        run_root = stack.enter_context(_work_root(keep_work, log))
-        stopper = stack.enter_context(_Stopper(log))
+        run_root = stack.enter_context(_work_root(keep_work))
+        stopper = stack.enter_context(_Stopper())
         # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
         kernel_env = {CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")}
         kernels = stack.enter_context(
             KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root), kernel_env)
         )
-        run = _Run(plan, report, info, output_dir, run_root, kernels, stopper, timeout, log)
+        run = _Run(plan, report, info, output_dir, run_root, kernels, stopper, timeout)
         for i, path in enumerate(notebooks, 1):
             run.notebook(i, path)
     report.stopped_by = stopper.name

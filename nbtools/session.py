@@ -15,7 +15,7 @@ from pathlib import Path
 
 from . import params, proctree
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, _visible_list
-from .guarded import MARKER_ENV
+from .guarded import MARKER_ENV, stop_background
 from .params import cleanup, unattended, validate
 
 NEEDS_REAL_NPU = "needs a real NPU"
@@ -65,10 +65,12 @@ class Session:
     def cards(self, n: int | None = None) -> str:
         """The first ``n`` (default num_processes) of the cards this kernel may use, as a learner writes them
         ("4,5" where ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set: a shared host's other cards stay untouched);
-        0, 1, ... where no card is visible."""
+        0, 1, ... where no card is visible. Asked for more than it may use, the numbers after its last card follow
+        ("4,5,6" for 3 where 4,5 are visible: ascending, no card twice; the plan falls back to the CPU there)."""
         n = self.num_processes if n is None else n
         ids = _visible_list(self.info.visible_devices, self.info.count)[:n]
-        return ",".join(ids + [str(i) for i in range(len(ids), n)])
+        after = int(ids[-1]) + 1 if ids and ids[-1].isdigit() else 0
+        return ",".join(ids + [str(i) for i in range(after, after + n - len(ids))])
 
     @property
     def visible(self) -> str:
@@ -121,12 +123,14 @@ class Session:
 
 
 def stop_launches() -> list[int]:
-    """Stop every launch this process started that still runs (``%launch --background``): found by the marker
-    its guardian carries (``<launch id>:<this pid>``) and stopped through that guardian. Their guardians' pids."""
+    """Stop every launch this process started that still runs (``%launch --background``): through its
+    ``Background`` (which also removes its private TMPDIR and reads its exit code), then any other found by the
+    marker its guardian carries (``<launch id>:<this pid>``), stopped through that guardian. Their guardians' pids."""
+    stopped = stop_background()
     procs = proctree.marked(MARKER_ENV, lambda mark: mark.endswith(f":{os.getpid()}"), within=os.getpid())
     guardians = proctree.tops(procs)  # the marker starts at the guardian: the kernel above it has none
     proctree.stop_from_top(procs, guardians)
-    return [g.pid for g in guardians]
+    return stopped + [g.pid for g in guardians]
 
 
 def setup(

@@ -36,13 +36,16 @@ something else than expected: the exercise text and the lesson drifted apart.
 
 `python -m nbtools reset`: a workshop machine back to its start state between two groups.
 
-It does three things, says each one, and touches nothing else:
+It does these things, says each one, and touches nothing else:
 
-1. stops the launches nbtools started that are still running (``ps --kill``: only processes that
+1. puts the series' notebooks back as committed (``git checkout`` of the edited ones; a learner's new
+   files are listed, never touched);
+2. stops the launches nbtools started that are still running (``ps --kill``: only processes that
    carry nbtools' launch mark, never a learner's other jobs or JupyterLab's kernels);
-2. removes the work folders the notebooks made in JupyterLab (``notebooks/work/``, beside the
+3. lists every process that holds a card (npu-smi's table), and with ``--kill`` stops them;
+4. removes the work folders the notebooks made in JupyterLab (``notebooks/work/``, beside the
    notebooks; unattended runs already remove theirs);
-3. puts back the Accelerate the requirement files ask for, where 00's exercise replaced it: an
+5. puts back the Accelerate the requirement files ask for, where 00's exercise replaced it: an
    Accelerate installed from a source checkout or a git URL, or one outside ``requirements.txt``'s
    range, is reinstalled from the package index (or, offline, from ``--find-links WHEELHOUSE``).
 
@@ -175,11 +178,16 @@ def exercise_problems(nb) -> list[str]:
         missing = [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in source]
         if missing:
             out.append(f"exercise {number} has no {' / '.join(missing)} below it (a collapsed <details> block)")
-        if len(_EXERCISE.findall(source)) > 1 or re.search(r"^##? ", source, re.M):
+        shown = _FOLDED.sub("", source)  # a `# comment` inside a folded answer's code is not a heading
+        if len(_EXERCISE.findall(shown)) > 1 or re.search(r"^#{1,3} (?!练习)", shown, re.M):
             out.append(f"exercise {number} shares its cell with another exercise or a section: one exercise per cell")
         after = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
         if after is None or after.cell_type != "code" or after.source.strip():
             out.append(f"exercise {number} is not followed by an empty code cell to work in")
+    orphans = [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbtools", {}).get("answers")
+               and i not in {i for _, i in found}]
+    if orphans:
+        out.append(f"cells {orphans} carry nbtools.answers but are no exercise cell: `nbtools answers` never runs them")
     if (chars := prose_chars(nb)) > PROSE_LIMIT:
         out.append(f"{chars:,} characters of prose outside the folded hints and answers (at most {PROSE_LIMIT:,}): "
                    "cut, or move to the appendix")
@@ -369,15 +377,15 @@ def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout
             answers.remove(a)
         runnable = [a for a in answers if a.variant is not None]
         report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout) if runnable else None
+        for a in runnable:  # inside the try: a variant that did not run is read from the folder, its cells unjudged
+            result = next(n for n in report.notebooks if Path(n.path).name == a.variant.name)
+            verdicts = {"notebook": (result.status, result.error)}
+            executed = output_dir / result.output if result.output else a.variant
+            for c in judge_checks(nbformat.read(executed, as_version=4), a.variant.name, full=True):
+                verdicts[c.id] = (c.status, c.reason)
+            judge(a, verdicts)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    for a in runnable:
-        result = next(n for n in report.notebooks if Path(n.path).name == a.variant.name)
-        verdicts = {"notebook": (result.status, result.error)}
-        executed = output_dir / result.output if result.output else a.variant  # not run: its cells have no verdict
-        for c in judge_checks(nbformat.read(executed, as_version=4), a.variant.name, full=True):
-            verdicts[c.id] = (c.status, c.reason)
-        judge(a, verdicts)
     return answers
 
 
@@ -414,7 +422,7 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, kill: bool = 
 
     verb = "would" if dry_run else "did"
     folder = notebooks or default_notebooks_dir()
-    _restore_notebooks(folder, verb, say)
+    _restore_notebooks(folder, dry_run, say)
     launches = find()
     if launches:
         say(f"launches still running ({len(launches)}):\n{render(launches)}")
@@ -424,7 +432,7 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, kill: bool = 
     else:
         say("no launch of nbtools is running")
 
-    _card_holders(kill and not dry_run, say)
+    _card_holders(kill, dry_run, say)
     work = folder / WORK
     if work.is_dir():
         folders = sorted(p.name for p in work.iterdir())
@@ -448,27 +456,27 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, kill: bool = 
         say(f"Accelerate is now {metadata.version('accelerate')}")
 
 
-def _restore_notebooks(folder: Path, verb: str, say) -> None:
+def _restore_notebooks(folder: Path, dry_run: bool, say) -> None:
     """The series' notebooks back as committed (git): a learner's edits and autosaves undone; new files left alone."""
-    def git(*args: str) -> subprocess.CompletedProcess:
+    def git(*args: str) -> subprocess.CompletedProcess:  # -z: names with spaces or non-ASCII letters as they are
         return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True)
 
-    edited = git("ls-files", "--modified", "--", "*.ipynb")
-    if edited.returncode != 0:
-        say(f"{folder} is not a git checkout: the notebooks cannot be put back as committed (clone the repository again)")
+    if shutil.which("git") is None or (edited := git("ls-files", "-z", "--modified", "--", "*.ipynb")).returncode != 0:
+        say(f"{folder} is not a git checkout (or git is missing): the notebooks cannot be put back as committed "
+            "(clone the repository again)")
         return
-    names = sorted(set(edited.stdout.split()))
-    if names and verb == "did":
+    names = sorted(set(filter(None, edited.stdout.split("\0"))))
+    if names and not dry_run:
         git("checkout", "--", *names)
-    say(f"{verb} restore {len(names)} edited notebook(s) as committed: {', '.join(names)}" if names
-        else "the notebooks are as committed")
-    new = git("ls-files", "--others", "--exclude-standard", "--", "*.ipynb").stdout.split()
+    say(f"{'would' if dry_run else 'did'} restore {len(names)} edited notebook(s) as committed: {', '.join(names)}"
+        if names else "the notebooks are as committed")
+    new = list(filter(None, git("ls-files", "-z", "--others", "--exclude-standard", "--", "*.ipynb").stdout.split("\0")))
     if new:
         say(f"left alone (not part of the series, a learner's own?): {', '.join(new)}")
 
 
-def _card_holders(kill: bool, say) -> None:
-    """Every process holding a card, whoever started it (npu-smi's table); stopped with ``kill``."""
+def _card_holders(kill: bool, dry_run: bool, say) -> None:
+    """Every process holding a card, whoever started it (npu-smi's table); stopped with ``kill`` (unless ``dry_run``)."""
     from .proctree import existing, is_alive, terminate_then_kill
     from .ps import npu_smi_table
 
@@ -480,9 +488,11 @@ def _card_holders(kill: bool, say) -> None:
     if not pids:
         say("no process holds a card")
         return
-    say(f"processes holding a card: {', '.join(map(str, pids))}" + ("" if kill else " (--kill stops them)"))
-    if kill:
+    say(f"processes holding a card: {', '.join(map(str, pids))}"
+        + ("" if kill and not dry_run else " (--kill would stop them)" if kill else " (--kill stops them)"))
+    if kill and not dry_run:
         killed = terminate_then_kill(existing(pids))
         alive = [p.pid for p in existing(pids) if is_alive(p)]
-        say("stopped them" + (f" ({len(killed)} needed SIGKILL)" if killed else "")
+        stopped = len(pids) - len(alive)
+        say(f"stopped {stopped} of {len(pids)}" + (f" ({len(killed)} needed SIGKILL)" if killed else "")
             + (f"; still alive (another user's?): {alive}" if alive else ""))

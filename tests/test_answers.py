@@ -5,12 +5,15 @@ Running them is `python -m nbtools answers` (a README command, run by CI); here 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nbformat
 import pytest
+from conftest import ROOT
 
 from nbtools import ParameterError
 from nbtools.runner import discover
-from nbtools.teacher import Answer, answer_blocks, apply, collect, judge
+from nbtools.teacher import Answer, answer_blocks, apply, collect, exercise_cells, judge
 
 EXERCISE_1 = """### 练习 1
 
@@ -127,12 +130,24 @@ def test_every_committed_answer_still_applies_to_its_lesson(tmp_path):
 def test_an_answer_for_accelerators_only_is_left_out_on_a_cpu(tmp_path):
     """08's answers make FSDP checks fail on purpose; on a CPU those checks are skipped, so the answers are not
     run there (and not counted as passing): the run says so instead."""
-    from nbtools.teacher import exercise_cells, run_answers
+    from nbtools.teacher import run_answers
 
     said = []
     sharding = [p for p in discover([]) if p.name == "08_sharding.ipynb"]
     nb = nbformat.read(sharding[0], as_version=4)
-    specs = [s for _, i in exercise_cells(nb) for s in nb.cells[i].metadata.get("nbtools", {}).get("answers", [])]
-    assert [s.get("devices") for s in specs] == [["npu", "cuda"]] * 2
+    specs = [(n, s) for n, i in exercise_cells(nb) for s in nb.cells[i].metadata.get("nbtools", {}).get("answers", [])]
+    assert specs and all("cpu" not in s.get("devices", ["cpu"]) for _, s in specs), specs  # every one for accelerators
     assert run_answers(sharding, tmp_path, kernel="python3", timeout=1, log=said.append, kind="cpu") == []
-    assert [line.split(" (")[0] for line in said] == ["not run here: 08_sharding 练习 1", "not run here: 08_sharding 练习 4"]
+    assert [line.split(" (")[0] for line in said] == [f"not run here: 08_sharding 练习 {n}" for n, _ in specs]
+
+
+def test_the_readme_counts_the_exercises_and_the_answers_that_run():
+    exercises = answered = 0
+    for path in discover(None):
+        nb = nbformat.read(path, as_version=4)
+        for _, i in exercise_cells(nb):
+            exercises += 1
+            answered += bool(nb.cells[i].metadata.get("nbtools", {}).get("answers"))
+    readme = " ".join((Path(ROOT) / "README.md").read_text(encoding="utf-8").split())
+    assert (f"of the {exercises} exercises, {answered} have an answer that `nbtools answers` runs and "
+            f"{exercises - answered} a prose one") in readme

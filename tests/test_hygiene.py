@@ -66,6 +66,10 @@ def _code(nb):
          "exercise 1 shares its cell with another exercise or a section"),
         (lambda nb: _exercise(nb, 2).__setitem__("source", _exercise(nb, 2).source.replace("### 练习 2", "### 练习 3", 1)),
          "exercises numbered [1, 3"),
+        (lambda nb: nb.cells[0].metadata.__setitem__("nbtools", _exercise(nb, 1).metadata.get("nbtools") or {"answers": [{}]}),
+         "cells [0] carry nbtools.answers but are no exercise cell"),
+        (lambda nb: _exercise(nb, 1).__setitem__("source", _exercise(nb, 1).source.replace(
+            "</details>", "\n```shell\n# a comment in an answer is no heading\n```\n</details>", 1)), None),
         (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("长" * 10_001)),
          "characters of prose outside the folded hints and answers (at most 10,000)"),
         (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("<details><summary>答案</summary>" + "长" * 10_001 + "</details>")),

@@ -157,7 +157,7 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     assert spec.flags[0] == "--config_file"
     bare = dataclasses.replace(spec, flags=spec.flags[2:]).argv(nbtools.free_port())  # without the launcher's config
     leaked = nbtools.run_command(bare, env=dict(spec.env), timeout=180, check=False, echo=False)
-    assert leaked.returncode != 0 or leaked.kv.get("debug_mode") == "true", leaked.output[-2000:]
+    assert leaked.returncode == 0 and leaked.kv.get("debug_mode") == "true", leaked.output[-2000:]
 
 
 EXIT_BARRIER_LOG = textwrap.dedent(

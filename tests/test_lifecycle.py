@@ -330,8 +330,9 @@ def test_background_launch_is_stopped_by_close_or_restart(kernel, tmp_path, how)
     assert f"{script} > quiet_ranks.log 2>&1 &" in out, out  # the printed line runs as printed, in background
     _wait_ready(script)
     if how == "close":
-        closed = _run_cell(kc, "S.close()\nprint('exit code:', bg.wait(10))")
+        closed = _run_cell(kc, "import os\nS.close()\nprint('exit code:', bg.returncode, '| tmp left:', os.path.exists(bg._tmp))")
         assert "stopped a background launch still running" in closed and "exit code: None" not in closed, closed
+        assert "tmp left: False" in closed, closed  # S.close() tidied the launch, not only stopped it
     else:
         km.restart_kernel()
     _assert_all_gone(script)

@@ -150,6 +150,9 @@ def test_a_learners_config_file_is_read_for_processes_and_precision_and_named_in
     npu = launcher.launch_spec(written, info=info(NPU2), cwd=tmp_path)
     assert f"照写的用你的 --config_file {config}（distributed_type FSDP）" in npu.why and "默认配置" not in npu.why
     assert npu.shown(None).count("--config_file") == 1
+    for flags in (["--config_file", str(config)], [f"--config_file={config}"]):  # built in code, either form
+        built = launcher.launch_spec(commands.LaunchCall.of("t.py", extra_flags=flags), info=info(NPU2), cwd=tmp_path)
+        assert "distributed_type FSDP" in built.why and built.shown(None).count("--config_file") == 1, built.shown(None)
     assert "只在加速卡上启用 FSDP，所以这份配置在这里跑的是 DDP" in why(call, CPU, tmp_path)
     with pytest.raises(ParameterError, match="cannot read it"):
         commands.parse_launch(f"accelerate launch --config_file {tmp_path / 'missing.yaml'} t.py")
@@ -349,6 +352,12 @@ def test_cards_are_the_kernels_own_visible_ones(tmp_path):
     S = nbtools.setup(num_processes=2, work_dir=str(tmp_path), info=shared)
     try:
         assert (S.cards(1), S.cards(), S.cards(4), S.visible) == ("4", "4,5", "4,5,6,7", "4,5")
+    finally:
+        S.close()
+    one = from_probe(dict(NPU2, npu_count=1, npu_names=["Ascend910B4"]), environ={"ASCEND_RT_VISIBLE_DEVICES": "1"})
+    S = nbtools.setup(num_processes=1, work_dir=str(tmp_path), info=one)
+    try:
+        assert (S.cards(1), S.cards(2)) == ("1", "1,2")  # more than it may use: ascending, never card 1 twice
     finally:
         S.close()
     S = nbtools.setup(num_processes=2, work_dir=str(tmp_path), info=info(CPU))

@@ -26,7 +26,7 @@ def _git_status() -> str:
 # reads that run's report rather than running the series a second time. What only a run of its own can
 # prove (no network, no Hugging Face offline switch, started from another folder, the work tree left
 # alone) is proven here on the notebooks that could reach the network: 00 installs packages, 07 loads a model with
-# from_pretrained (03 builds its model from a config and reads nothing).
+# from_pretrained (03 calls from_pretrained only on the checkpoint folder it has just written in its work folder).
 SERIES_REPORT = Path(ROOT) / "nbtools-output" / "series" / "report.json"
 OFFLINE_NOTEBOOKS = ("00_environment.ipynb", "07_lora_finetune.ipynb")
 

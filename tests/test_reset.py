@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -84,7 +85,8 @@ def test_reset_puts_the_notebooks_back_as_committed_and_leaves_new_files(tmp_pat
     lesson = notebooks / "00_environment.ipynb"
     committed = lesson.read_text(encoding="utf-8")
     lesson.write_text(committed.replace("check-py", "check-py-edited-by-a-learner"), encoding="utf-8")
-    (notebooks / "mine.ipynb").write_text("{}\n")
+    mine = notebooks / "我的 笔记.ipynb"  # a space and Chinese letters: named as they are, not git-quoted or split
+    mine.write_text("{}\n")
     dry = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks), "--dry-run"],
                          capture_output=True, text=True, timeout=120)
     assert "would restore 1 edited notebook(s) as committed: 00_environment.ipynb" in dry.stdout, dry.stdout
@@ -93,7 +95,7 @@ def test_reset_puts_the_notebooks_back_as_committed_and_leaves_new_files(tmp_pat
                           timeout=120)
     assert proc.returncode == 0 and "did restore 1 edited notebook(s)" in proc.stdout, proc.stdout + proc.stderr
     assert lesson.read_text(encoding="utf-8") == committed
-    assert (notebooks / "mine.ipynb").read_text() == "{}\n" and "left alone" in proc.stdout and "mine.ipynb" in proc.stdout
+    assert mine.read_text() == "{}\n" and f"left alone (not part of the series, a learner's own?): {mine.name}" in proc.stdout
 
 
 @pytest.mark.alone
@@ -112,10 +114,14 @@ def test_reset_lists_every_card_holder_and_kill_stops_it(tmp_path):
                                 capture_output=True, text=True, timeout=120)
         assert f"processes holding a card: {holder.pid} (--kill stops them)" in listed.stdout, listed.stdout
         assert holder.poll() is None
+        dry = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks), "--kill", "--dry-run"], env=env,
+                             capture_output=True, text=True, timeout=120)
+        assert f"processes holding a card: {holder.pid} (--kill would stop them)" in dry.stdout, dry.stdout
+        assert holder.poll() is None
         killed = subprocess.run([sys.executable, "-m", "nbtools", "reset", str(notebooks), "--kill"], env=env,
                                 capture_output=True, text=True, timeout=120)
-        assert "stopped them" in killed.stdout, killed.stdout
-        assert holder.wait(timeout=30) is not None
+        assert "stopped 1 of 1" in killed.stdout, killed.stdout
+        assert holder.wait(timeout=30) == -signal.SIGTERM  # stopped politely, by reset
     finally:
         if holder.poll() is None:
             holder.kill()

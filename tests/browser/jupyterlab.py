@@ -3,7 +3,7 @@
 Used by tests/test_browser.py. The page is read through JupyterLab's DOM (cells, input
 prompts, output areas with their ``data-mime-type``); what the page cannot tell apart (an
 error output and plain stderr both render as ``application/vnd.jupyter.stderr``) is read from
-the notebook saved with Ctrl+S, through the server's contents API.
+the notebook saved with Ctrl+S, read from disk (see ``save_and_read``).
 """
 
 from __future__ import annotations
