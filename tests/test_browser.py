@@ -225,30 +225,45 @@ def test_a_cell_error_is_told_apart_from_stderr(lab, page, artifacts):
 # --------------------------------------------------------------------------- a learner's fresh clone
 
 
-def _link_the_images_torch(site: Path) -> list[str]:
-    """Stand in for an NPU image's own torch (README.zh-CN: "两个文件都不装 torch"): torch and what it requires,
-    linked from this environment into the learner venv's site-packages, so pip sees it installed and keeps it."""
+def _link_the_images_torch(image: Path) -> list[str]:
+    """Stand in for an NPU image's own torch (README.zh-CN: "两个文件都不装 torch"): torch and what it requires
+    (extras followed, so pip finds every requirement met), linked from this environment into `image`, a folder
+    OUTSIDE the learner venv that a .pth file puts on its path, as an image's system packages are. pip then sees
+    torch installed and keeps it, and never writes there: a symlink inside the venv's own site-packages let pip
+    write THROUGH it (a CUDA library under nvidia/ rewritten in place while the other test worker had it mapped:
+    SIGBUS in a gather's rank 0)."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
 
-    linked, todo = [], ["torch"]
+    linked, seen, todo = [], set(), [("torch", frozenset())]
     while todo:
-        name = todo.pop()
+        name, extras = todo.pop()
         try:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
         key = dist.metadata["Name"].lower().replace("_", "-")
-        if key in linked or key in {"pip", "setuptools"}:  # the venv has its own
+        if (key, extras) in seen or key in {"pip", "setuptools"}:  # the venv has its own
+            continue
+        seen.add((key, extras))
+        todo += [(r.name, frozenset(r.extras)) for r in map(Requirement, dist.requires or [])
+                 if r.marker is None or any(r.marker.evaluate({"extra": e}) for e in extras | {""})]
+        if key in linked:
             continue
         linked.append(key)
-        todo += [r.name for r in map(Requirement, dist.requires or []) if r.marker is None or r.marker.evaluate({"extra": ""})]
         for top in {f.parts[0] for f in dist.files or [] if f.parts[0] not in ("..", "__pycache__")}:
-            src, dst = Path(dist.locate_file(top)), site / top
+            src, dst = Path(dist.locate_file(top)), image / top
             if src.exists() and not dst.exists():
                 dst.symlink_to(src)
     return linked
+
+
+def _libraries(image: Path) -> dict[str, int]:
+    """Each shared library behind the image's links, with its modification time: a library rewritten in place
+    kills whatever process has it mapped (SIGBUS)."""
+    return {str(path): path.stat().st_mtime_ns for top in image.iterdir() if top.is_dir()
+            for path in top.resolve().rglob("*.so*") if path.is_file()}
 
 
 def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(browser, artifacts, tmp_path):
@@ -264,11 +279,17 @@ def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(brows
     python = venv / "bin" / "python"
     site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                capture_output=True, text=True, check=True).stdout.strip())
-    assert "torch" in _link_the_images_torch(site)
+    image = tmp_path / "image-site-packages"
+    image.mkdir()
+    assert "torch" in _link_the_images_torch(image)
+    (Path(site) / "the-images-packages.pth").write_text(f"{image}\n")
+    before = _libraries(image)
     install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", "requirements-learner.txt", "-e", "."],
                              cwd=server.root, capture_output=True, text=True, timeout=1200)
     if install.returncode != 0:
         skip_outside_ci(f"pip could not install requirements-learner.txt (no package index?): {install.stderr[-600:]}")
+    changed = sorted(path for path, stamp in _libraries(image).items() if before.get(path) != stamp)
+    assert not changed, f"pip wrote into the image's packages (this environment's, in use): {changed[:5]}"
     missing = subprocess.run([str(python), "-c", "import importlib.util as u; "
                               "print([m for m in ('jupyterlab', 'nbconvert', 'torch', 'nbtools') if u.find_spec(m) is None])"],
                              capture_output=True, text=True, check=True).stdout.strip()
