@@ -234,18 +234,10 @@ class DeviceInfo:
                            + ("，并加 --multi_gpu" if mode else ""))
             note = f"{kind.upper()}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
         return LaunchPlan(
-            kind=kind,
-            num_processes=n,
-            backend=BACKENDS[kind] if n > 1 else None,
-            distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO",
-            env=env,
-            flags=[*mode, *flags],
-            devices=[f"{kind}:{i}" for i in range(n)] if kind != "cpu" else ["cpu"] * n,
-            fallback=fallback,
-            note=note,
-            gloo=kind == "cpu" or (kind == "npu" and self.simulated),
-            why=why,
-        )
+            kind=kind, num_processes=n, backend=BACKENDS[kind] if n > 1 else None,
+            distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO", env=env, flags=[*mode, *flags],
+            devices=[f"{kind}:{i}" for i in range(n)] if kind != "cpu" else ["cpu"] * n, fallback=fallback,
+            note=note, gloo=kind == "cpu" or (kind == "npu" and self.simulated), why=why)
 
     def resolve(self, device: str = "auto") -> str:
         """Turn a ``device`` parameter into a device kind present here, or raise with what to do."""
@@ -255,9 +247,8 @@ class DeviceInfo:
             return self.kind
         if device == "cpu" or device == self.kind:
             return device
-        hints = "; ".join(f"{p.what} -> {p.fix}" for p in self.problems) or (
+        hints = "; ".join(f"{p.what} -> {p.fix}" for p in self.problems) or \
             "run `python -m nbtools doctor` to see what this machine has"
-        )
         raise DeviceError(
             f"device={device!r} asked, but this machine's accelerator is {self.kind!r} "
             f"({self.count} device(s)). Use device='auto' or '{self.kind}'. {hints}"
@@ -279,8 +270,7 @@ class DeviceInfo:
         return self.kind == "npu" and not self.simulated
 
     def summary(self) -> str:
-        parts = [f"device: {self.label}, backend {self.backend}"]
-        parts.append(self.versions_line())
+        parts = [f"device: {self.label}, backend {self.backend}", self.versions_line()]
         for p in self.problems:
             parts.append(f"PROBLEM: {p.what}\n  fix: {p.fix}")
         return "\n".join(parts)
@@ -324,13 +314,8 @@ def run_probe(python: str | None = None, timeout: float = 120, env: dict[str, st
     """Run the probe in a child interpreter (``env``: its whole environment; default this one's) and return its answers."""
     env = dict(os.environ if env is None else env)
     try:
-        proc = subprocess.run(
-            [python or sys.executable, "-c", _PROBE],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-        )
+        proc = subprocess.run([python or sys.executable, "-c", _PROBE], capture_output=True, text=True,
+                              timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {"probe_error": f"the device probe did not answer within {timeout:.0f} s (hung driver?)"}
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
@@ -359,13 +344,8 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
         if npu_related or probe.get("torch_npu_error"):
             problems.append(Problem(f"torch_npu is installed but cannot load: {err}", CANN_FIX))
         elif probe.get("torch_error"):
-            problems.append(
-                Problem(
-                    f"import torch failed: {err}",
-                    "install torch (CPU/CUDA: `pip install torch`; NPU: the torch matching torch_npu, "
-                    "see requirements-npu.txt)",
-                )
-            )
+            problems.append(Problem(f"import torch failed: {err}", "install torch (CPU/CUDA: `pip install torch`; "
+                                    "NPU: the torch matching torch_npu, see requirements-npu.txt)"))
         else:
             problems.append(Problem(err, "run `python -m nbtools doctor` for details"))
     kind, count, names, bf16, simulated = "cpu", 0, [], True, False
@@ -378,58 +358,32 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
         kind, count, names = "cuda", probe["cuda_count"], list(probe.get("cuda_names") or [])
         bf16 = bool(probe.get("cuda_bf16", True))
     elif versions["torch_npu"] and not err and probe.get("torch_npu"):
-        problems.append(
-            Problem(
-                "torch_npu imports but sees no NPU (torch.npu.is_available() is False)",
-                "check `npu-smi info`, the device mounts of your container (/dev/davinci*), "
-                "and ASCEND_RT_VISIBLE_DEVICES; the series falls back to the CPU meanwhile",
-                blocking=False,
-            )
-        )
+        problems.append(Problem("torch_npu imports but sees no NPU (torch.npu.is_available() is False)",
+                                "check `npu-smi info`, the device mounts of your container (/dev/davinci*), "
+                                "and ASCEND_RT_VISIBLE_DEVICES; the series falls back to the CPU meanwhile",
+                                blocking=False))
     var = VISIBLE_VARS.get(kind)
-    return DeviceInfo(
-        kind=kind,
-        count=count,
-        names=names,
-        versions=versions,
-        visible_var=var,
-        visible_devices=environ.get(var) if var else None,
-        problems=problems,
-        bf16=bf16,
-        simulated=simulated,
-        raw=dict(probe),
-    )
+    return DeviceInfo(kind=kind, count=count, names=names, versions=versions, visible_var=var,
+                      visible_devices=environ.get(var) if var else None, problems=problems, bf16=bf16,
+                      simulated=simulated, raw=dict(probe))
 
 
 _CACHE: dict[tuple, DeviceInfo] = {}
 CACHE_ENV = "NBTOOLS_DEVICE_PROBE"  # JSON probe answers handed down by the runner
 # What the probe's answers depend on: the interpreter, what is installed, and the variables
 # that decide which devices and which CANN libraries a process sees.
-_PROBE_KEY_VARS = (
-    "ASCEND_RT_VISIBLE_DEVICES",
-    "CUDA_VISIBLE_DEVICES",
-    "LD_LIBRARY_PATH",
-    "ASCEND_TOOLKIT_HOME",
-    "ASCEND_HOME_PATH",
-    "TORCH_DEVICE_BACKEND_AUTOLOAD",
-    "PYTHONPATH",
-    # the simulated NPU's host (simnpu/): another card or count is another answer
-    "SIMNPU_CARDS",
-    "SIMNPU_SOC",
-    "SIMNPU_FAULT",
-)
+_PROBE_KEY_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "ASCEND_TOOLKIT_HOME",
+                   "ASCEND_HOME_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH",
+                   # the simulated NPU's host (simnpu/): another card or count is another answer
+                   "SIMNPU_CARDS", "SIMNPU_SOC", "SIMNPU_FAULT")
 PROBE_CACHE_TTL_S = 600.0
 
 
 def _probe_cache_file(python: str) -> Path:
     """Where this interpreter's probe answers are kept between processes, keyed on what they depend on."""
-    key = json.dumps(
-        [
-            os.path.realpath(python),
-            [installed(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
-            [os.environ.get(v) for v in _PROBE_KEY_VARS],
-        ]
-    )
+    key = json.dumps([os.path.realpath(python),
+                      [installed(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
+                      [os.environ.get(v) for v in _PROBE_KEY_VARS]])
     digest = hashlib.sha256(key.encode()).hexdigest()[:16]
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
     return base / f"probe-{digest}.json"
@@ -468,13 +422,10 @@ def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
         return from_probe(probe)
     key = (sys.executable, *(os.environ.get(v) for v in _PROBE_KEY_VARS))
     if refresh or key not in _CACHE:
-        cached = os.environ.get(CACHE_ENV)
-        answers = None
-        if cached and not refresh:
-            try:
-                answers = json.loads(cached)
-            except ValueError:
-                answers = None
+        try:  # the runner's answers, handed down
+            answers = None if refresh else json.loads(os.environ.get(CACHE_ENV) or "null")
+        except ValueError:
+            answers = None
         _CACHE[key] = from_probe(answers if answers is not None else cached_probe(refresh=refresh))
     return _CACHE[key]
 

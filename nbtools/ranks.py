@@ -99,16 +99,21 @@ def draw_collectives(chunks: list[list], title: str = ""):
         ax.text(0, 0.6, "each rank holds", ha="left", va="bottom", fontsize=9)
         ax.text(x_out, 0.6, "every rank then holds", ha="left", va="bottom", fontsize=9)
         ax.set_title(head, fontsize=10, weight="bold")
-        ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
-        ax.set_xticks([])
-        ax.set_xlim(-0.3, x_out + len(out) + 0.3)
-        ax.set_ylim(-world + 0.3, 1.3)
-        for side in ("top", "right", "bottom", "left"):
-            ax.spines[side].set_visible(False)
+        _rank_rows(ax, world, x_out + len(out) + 0.3, 1.3)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def _rank_rows(ax, world: int, right: float, top: float) -> None:
+    """One row per rank (``rank 0`` at the top), no x ticks, no frame."""
+    ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
+    ax.set_xticks([])
+    ax.set_xlim(-0.3, right)
+    ax.set_ylim(-world + 0.3, top)
+    for spine in ax.spines.values():
+        spine.set_visible(False)
 
 
 def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
@@ -132,13 +137,8 @@ def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
                 _cells(ax, x0 + j, -k, [index], PADDING if pad else REAL, "//" if pad else None)
     for s in range(n_steps):
         ax.text(s * (width + 1) + width / 2, 0.6, f"step {s}", ha="center", va="bottom", fontsize=9)
-    ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
-    ax.set_xticks([])
-    ax.set_xlim(-0.3, units)
-    ax.set_ylim(-world + 0.3, 1.2)
+    _rank_rows(ax, world, units, 1.2)
     ax.set_aspect("equal")
-    for side in ("top", "right", "bottom", "left"):
-        ax.spines[side].set_visible(False)
     legend = [
         Patch(facecolor=REAL, edgecolor=EDGE, label="sample that counts"),
         Patch(facecolor=PADDING, edgecolor=EDGE, hatch="//", label="padding: gather_for_metrics drops it"),

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import params, proctree
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, _visible_list
+from .device import DeviceInfo, LaunchPlan, _visible_list
 from .guarded import MARKER_ENV, stop_background
 from .params import cleanup, unattended, validate
 
@@ -74,11 +74,9 @@ class Session:
 
     @property
     def visible(self) -> str:
-        """The quick-start-style device list for num_processes ("0,1" for 2), as the plan uses it."""
-        var = VISIBLE_VARS.get(self.plan.kind)
-        if var and var in self.plan.env:
-            return self.plan.env[var]
-        return ",".join(str(i) for i in range(self.num_processes))
+        """The quick-start-style device list for num_processes ("0,1" for 2; the plan's own on NPU and CUDA):
+        ``cards()``."""
+        return self.cards()
 
     def platform_lines(self) -> list[str]:
         """What the setup cell prints, in the learner's language (the device label and versions stay as the CLI has them)."""

@@ -205,15 +205,10 @@ def check_series(folder: Path) -> list[str]:
         problems.extend(probs)
         for cid, where in mine.items():
             claims.setdefault(cid, []).extend(where)
-    for cid in SEED_CHECKS:
-        where = claims.get(cid, [])
-        if len(where) != 1:
-            problems.append(
-                f"quick-start check {cid}: tagged on {len(where)} cells ({', '.join(where) or 'none'}), expected exactly 1"
-            )
-    for cid, where in claims.items():
-        if cid not in SEED_CHECKS and len(where) != 1:
-            problems.append(f"check {cid}: tagged on {len(where)} cells ({', '.join(where)}), expected exactly 1")
+    for cid in [*SEED_CHECKS, *(c for c in claims if c not in SEED_CHECKS)]:  # a quick-start check must be there
+        if len(where := claims.get(cid, [])) != 1:
+            what = "quick-start check" if cid in SEED_CHECKS else "check"
+            problems.append(f"{what} {cid}: tagged on {len(where)} cells ({', '.join(where) or 'none'}), expected exactly 1")
     return problems + quote_problems(paths, set(claims))
 
 
