@@ -67,11 +67,12 @@ def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
     written = commands.parse(text)
     if written.argv[:2] != ["accelerate", "launch"]:
         raise ParameterError(f"a machine runs `accelerate launch ...`; got `{written.text[:80]}`")
-    world = commands.parse_launch(text, default_processes=2).num_processes  # every machine's ranks together
+    call = commands.parse_launch(text, default_processes=2)
+    world = call.num_processes  # every machine's ranks together
     route_env, mode, said = cpu_route(max(world, 2))
     env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **route_env}
     # the user's own Accelerate config must not change the machines' launches: Accelerate's defaults beside them
-    config = launch_config("NO", folder) if "--config_file" not in written.argv else []
+    config = launch_config("NO", folder) if call.config_file is None else []
     flags = [*(f for f in mode if f not in written.argv), *config, *written.argv[2:]]
     # ACCELERATE_* variables of this environment must not reach them either (None: removed)
     env.update(dict.fromkeys(foreign_accelerate_vars(env)))

@@ -69,7 +69,7 @@ class Session:
         ("4,5,6" for 3 where 4,5 are visible: ascending, no card twice; the plan falls back to the CPU there)."""
         n = self.num_processes if n is None else n
         ids = _visible_list(self.info.visible_devices, self.info.count)[:n]
-        after = int(ids[-1]) + 1 if ids and ids[-1].isdigit() else 0
+        after = max((int(i) for i in ids if i.isdigit()), default=-1) + 1  # "5,4" on CUDA: 6 next, never 5 again
         return ",".join(ids + [str(i) for i in range(after, after + n - len(ids))])
 
     @property
@@ -124,8 +124,10 @@ def stop_launches() -> list[int]:
     """Stop every launch this process started that still runs (``%launch --background``): through its
     ``Background`` (which also removes its private TMPDIR and reads its exit code), then any other found by the
     marker its guardian carries (``<launch id>:<this pid>``), stopped through that guardian. Their guardians' pids."""
-    stopped = stop_background()
+    # found first: a Background whose guardian is wedged gets that guardian killed, and its tree re-parents to init
     procs = proctree.marked(MARKER_ENV, lambda mark: mark.endswith(f":{os.getpid()}"), within=os.getpid())
+    stopped = stop_background()
+    procs = [p for p in procs if proctree.is_alive(p)]
     guardians = proctree.tops(procs)  # the marker starts at the guardian: the kernel above it has none
     proctree.stop_from_top(procs, guardians)
     return stopped + [g.pid for g in guardians]

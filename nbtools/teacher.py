@@ -264,7 +264,7 @@ def answer_blocks(exercise_md: str) -> list[str]:
     """The fenced code blocks of an exercise's answer, dedented as a learner copies them."""
     if ANSWER_SUMMARY not in exercise_md:
         raise ParameterError(f"the exercise has no {ANSWER_SUMMARY}")
-    answer = exercise_md.split(ANSWER_SUMMARY, 1)[1]
+    answer = exercise_md.split(ANSWER_SUMMARY, 1)[1].split("</details>", 1)[0]  # not a fence after the fold
     return [_dedent(m.group(1)) for m in _FENCE.finditer(answer)]
 
 

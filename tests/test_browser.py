@@ -19,6 +19,7 @@ Timeouts are generous (a loaded 2-core machine) and every wait is for a state, n
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -142,17 +143,22 @@ def lab(tmp_path_factory, artifacts):
         server.start()
         yield server
     finally:
-        server.stop()
-        if server.log_path.exists():
-            shutil.copy2(server.log_path, artifacts / "jupyterlab.log")
-        # Nothing of this server may survive: it, its kernels and what they launched all mention base.
-        left = wait_gone(str(base) + os.sep, timeout=30)
-        for p in left:
-            try:
-                p.kill()
-            except Exception:
-                pass
-        assert not left, f"left running after JupyterLab was stopped: {[' '.join(p.cmdline()) for p in left]}"
+        left = _stop_lab(server, base, artifacts)
+        assert not left, f"left running after JupyterLab was stopped: {left}"
+
+
+def _stop_lab(server: Lab, base: Path, artifacts: Path) -> list[str]:
+    """Stop the server and keep its log. Nothing of it may survive: it, its kernels and what they launched all
+    mention ``base``; what is left after 30 s is killed, and its command lines returned."""
+    server.stop()
+    if server.log_path.exists():
+        shutil.copy2(server.log_path, artifacts / f"jupyterlab-{base.name}.log")  # one per server
+    left = []
+    for p in wait_gone(str(base) + os.sep, timeout=30):
+        with contextlib.suppress(psutil.Error):  # it may end meanwhile
+            left.append(" ".join(p.cmdline()))
+            p.kill()
+    return left
 
 
 # --------------------------------------------------------------------------- the series in JupyterLab
@@ -235,6 +241,7 @@ def _link_the_images_torch(image: Path) -> list[str]:
     from importlib import metadata
 
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     linked, seen, todo = [], set(), [("torch", frozenset())]
     while todo:
@@ -243,7 +250,7 @@ def _link_the_images_torch(image: Path) -> list[str]:
             dist = metadata.distribution(name)
         except metadata.PackageNotFoundError:
             continue
-        key = dist.metadata["Name"].lower().replace("_", "-")
+        key = canonicalize_name(dist.metadata["Name"])
         if (key, extras) in seen or key in {"pip", "setuptools"}:  # the venv has its own
             continue
         seen.add((key, extras))
@@ -282,7 +289,7 @@ def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(brows
     image = tmp_path / "image-site-packages"
     image.mkdir()
     assert "torch" in _link_the_images_torch(image)
-    (Path(site) / "the-images-packages.pth").write_text(f"{image}\n")
+    (site / "the-images-packages.pth").write_text(f"{image}\n")
     before = _libraries(image)
     install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", "requirements-learner.txt", "-e", "."],
                              cwd=server.root, capture_output=True, text=True, timeout=1200)
@@ -308,11 +315,8 @@ def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(brows
         seen = run_all(page, server, name, artifacts)
     finally:
         context.close()
-        server.stop()
-        left = wait_gone(str(tmp_path) + os.sep, timeout=30)
-        for p in left:
-            p.kill()
-    assert not left, f"left running after JupyterLab was stopped: {[' '.join(p.cmdline()) for p in left]}"
+        left = _stop_lab(server, tmp_path, artifacts)
+    assert not left, f"left running after JupyterLab was stopped: {left}"
     assert not saved_errors(seen.saved), f"a fresh clone's 00 in JupyterLab: {saved_errors(seen.saved)}"
     assert all(c.execution_count for c in seen.saved.cells if c.cell_type == "code" and c.source.strip())
     outputs = "".join(o.get("text", "") for c in seen.saved.cells for o in c.get("outputs", []))

@@ -13,7 +13,7 @@ import pytest
 from conftest import NOTEBOOKS
 
 from nbtools.checks import SEED_CHECKS
-from nbtools.teacher import check_series, exercise_cells
+from nbtools.teacher import PROSE_LIMIT, check_series, exercise_cells
 
 
 def test_committed_series_is_clean():
@@ -70,9 +70,9 @@ def _code(nb):
          "cells [0] carry nbtools.answers but are no exercise cell"),
         (lambda nb: _exercise(nb, 1).__setitem__("source", _exercise(nb, 1).source.replace(
             "</details>", "\n```shell\n# a comment in an answer is no heading\n```\n</details>", 1)), None),
-        (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("长" * 10_001)),
-         "characters of prose outside the folded hints and answers (at most 10,000)"),
-        (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("<details><summary>答案</summary>" + "长" * 10_001 + "</details>")),
+        (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("长" * (PROSE_LIMIT + 1))),
+         f"characters of prose outside the folded hints and answers (at most {PROSE_LIMIT:,})"),
+        (lambda nb: nb.cells.append(nbformat.v4.new_markdown_cell("<details><summary>答案</summary>" + "长" * (PROSE_LIMIT + 1) + "</details>")),
          None),
     ],
 )

@@ -360,6 +360,12 @@ def test_cards_are_the_kernels_own_visible_ones(tmp_path):
         assert (S.cards(1), S.cards(2)) == ("1", "1,2")  # more than it may use: ascending, never card 1 twice
     finally:
         S.close()
+    cuda = from_probe(dict(CUDA2), environ={"CUDA_VISIBLE_DEVICES": "5,4"})  # CUDA takes any order
+    S = nbtools.setup(num_processes=2, work_dir=str(tmp_path), info=cuda)
+    try:
+        assert (S.cards(), S.cards(3)) == ("5,4", "5,4,6")  # after the highest card, never 5 again
+    finally:
+        S.close()
     S = nbtools.setup(num_processes=2, work_dir=str(tmp_path), info=info(CPU))
     try:
         assert (S.cards(1), S.cards(3)) == ("0", "0,1,2")  # no card: 0, 1, ... (dropped on a CPU anyway)
