@@ -9,6 +9,16 @@ guarded, diagnose, guard, ps, machines), run (runner, kernels, report, teacher, 
 lessons' helpers (bigmodel, ranks). Importing this package never imports torch.
 """
 
+import sys
+
+from . import floors
+
+# Below the series' Python floor nothing else is imported: one sentence says what to use instead (floors.py).
+# `python -m nbtools ...` (argv[0] is "-m" while the package loads) gets it without a traceback.
+_TOO_OLD = floors.refusal({"python": ".".join(map(str, sys.version_info[:3]))})
+if _TOO_OLD:
+    raise (SystemExit if sys.argv[:1] == ["-m"] else ImportError)("nbtools: " + _TOO_OLD)
+
 from .checks import (
     SEED_CHECKS,
     DeviceError,

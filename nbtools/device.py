@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from . import floors
 from .checks import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
@@ -348,6 +349,8 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
                                     "NPU: the torch matching torch_npu, see requirements-npu.txt)"))
         else:
             problems.append(Problem(err, "run `python -m nbtools doctor` for details"))
+    if floors.shortfall(versions):  # below the series' floors: every setup cell stops with what to use instead
+        problems.append(Problem(f"too old for the series: {floors.shortfall(versions)}", floors.USE_INSTEAD))
     kind, count, names, bf16, simulated = "cpu", 0, [], True, False
     if probe.get("npu_available") and probe.get("npu_count", 0) > 0:
         kind, count, names = "npu", probe["npu_count"], list(probe.get("npu_names") or [])
@@ -451,17 +454,6 @@ def same_version(a: str | None, b: str | None) -> bool:
 
 
 DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (the import name is nbtools)
-
-
-def requires_python() -> str:
-    """This package's Requires-Python (pyproject.toml's ``requires-python``: the lowest Python CI runs),
-    from the installed metadata; "" when nbtools runs from a checkout that was never installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.metadata(DISTRIBUTION).get("Requires-Python") or ""
-    except metadata.PackageNotFoundError:
-        return ""
 
 
 def installed(distribution: str) -> str | None:

@@ -15,7 +15,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
-from .device import CANN_FIX, DeviceInfo, detect, installed, requires_python, same_version
+from . import floors
+from .device import CANN_FIX, DeviceInfo, detect, installed, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")
@@ -56,6 +57,8 @@ def quickstart_matrix(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
 
 
 QUICKSTART = quickstart_matrix()
+# The one install (tools/install.py): the lessons' libraries around this Python's torch and torch_npu, held as they are.
+INSTALL = "python tools/install.py  (in the series' folder; holds torch and torch_npu, brings no JupyterLab)"
 OK, WARN, FAIL, INFO = "ok", "warn", "FAIL", "info"
 
 
@@ -107,12 +110,11 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
 
 
 def _python_row(version: str) -> Row:
-    py = sys.version_info
-    supported = SpecifierSet(requires_python())
-    if not supported.contains(f"{py.major}.{py.minor}.{py.micro}"):
-        return Row("python", version, FAIL, f"Python {supported} is needed (the versions CI runs the series on)")
-    if f"{py.major}.{py.minor}" != QUICKSTART.get("python"):
-        return Row("python", version, INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; Python {supported} works")
+    if floors.below(version, floors.PYTHON):
+        return Row("python", version, FAIL, f"below the series' minimum Python {floors.PYTHON}: see the setup line")
+    if not version.startswith(f"{QUICKSTART.get('python')}."):
+        return Row("python", version, INFO, f"the quick-start was validated with {QUICKSTART.get('python')}; "
+                   f"Python {floors.PYTHON} or later works")
     return Row("python", version, OK)
 
 
@@ -126,6 +128,8 @@ def _torch_rows(info: DeviceInfo) -> list[Row]:
         want = QUICKSTART.get("torch")
         status = WARN if npu_v and want and _major_minor(torch_v) != _major_minor(want) else OK
         rows = [Row("torch", torch_v, status, f"quick-start: {want}" if status != OK else "")]
+        if floors.below(torch_v, floors.TORCH):
+            rows = [Row("torch", torch_v, FAIL, f"below the series' minimum torch {floors.TORCH}: see the setup line")]
     if npu_v and torch_v and _major_minor(npu_v) != _major_minor(torch_v):
         rows.append(Row("torch_npu", npu_v, FAIL, f"torch_npu {npu_v} does not match torch {torch_v}: install the pair from the "
                         "torch / torch_npu / CANN compatibility matrix (https://gitcode.com/Ascend/pytorch)"))
@@ -138,7 +142,8 @@ def _torch_rows(info: DeviceInfo) -> list[Row]:
         rows.append(Row("torch_npu", "not installed", INFO, "no Ascend NPU software here; the series runs on CUDA or CPU"))
     if info.kind == "npu":
         cann, want = v.get("cann") or "unknown", QUICKSTART.get("cann", "unknown")
-        rows.append(Row("CANN", cann, OK if cann.startswith(want) else INFO, f"quick-start: {want}"))
+        status = FAIL if floors.below(cann, floors.CANN) else OK if cann.startswith(want) else INFO
+        rows.append(Row("CANN", cann, status, f"quick-start: {want}; the series' minimum: {floors.CANN}"))
     elif npu_v:
         rows.append(Row("CANN", "not loaded", WARN, CANN_FIX))
     return rows
@@ -160,10 +165,9 @@ def _package_rows() -> list[Row]:
     for pkg in ("accelerate", "transformers", "peft", "papermill", "nbclient", "ipykernel"):
         ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
         if not ver:
-            rows.append(Row(pkg, "not installed", FAIL, "pip install -r requirements-learner.txt -e .  (no JupyterLab: "
-                                                            "the platform's own stays)"))
+            rows.append(Row(pkg, "not installed", FAIL, INSTALL))
         elif not spec.contains(ver, prereleases=True):
-            rows.append(Row(pkg, ver, WARN, f"the requirement files ask for {pkg}{spec}: pip install '{pkg}{spec}'"))
+            rows.append(Row(pkg, ver, WARN, f"the requirement files ask for {pkg}{spec}: {INSTALL}"))
         else:
             rows.append(Row(pkg, ver, OK))
     if not installed("ipywidgets"):

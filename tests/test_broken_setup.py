@@ -95,10 +95,10 @@ def test_run_stops_at_the_first_cell_and_marks_the_rest_not_run(broken_env, tmp_
 
 def test_a_fresh_clone_gets_the_one_install_command_from_00s_first_code_cell(tmp_path):
     """A kernel without this repository installed: 00_ascend_jupyterlab's first code cell stops with the command
-    to run (requirements-learner.txt and nbtools, into this kernel's interpreter), not with a bare ImportError."""
+    to run (tools/install.py, with this kernel's interpreter), not with a bare ImportError."""
     nb = nbformat.read(os.path.join(NOTEBOOKS, "00_ascend_jupyterlab.ipynb"), as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", []))
     head = first.source.split("\nfrom nbtools", 1)[0]  # the imports and the guarded `import nbtools`
     proc = subprocess.run([sys.executable, "-S", "-c", head], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0 and "ModuleNotFoundError: 本仓库还没装进这个内核的环境" in proc.stderr, proc.stderr
-    assert f"{sys.executable} -m pip install -r requirements-learner.txt -e ." in proc.stderr, proc.stderr
+    assert f"{sys.executable} tools/install.py" in proc.stderr, proc.stderr

@@ -2,6 +2,7 @@
 answers (what torch / torch_npu would report on such a host); the plan logic is real."""
 
 import os
+import re
 
 import pytest
 
@@ -146,25 +147,34 @@ def test_unwritable_work_dir_is_a_parameter_error(tmp_path):
         nbtools.work_dir(str(blocker / "sub"))
 
 
-def test_doctor_holds_python_to_the_floor_the_package_declares(monkeypatch):
-    """The floor is pyproject's requires-python (the lowest Python CI runs), read from the installed metadata."""
-    import sys
-    from collections import namedtuple
+def test_doctor_holds_python_and_torch_to_the_floors_stated_once():
+    """The floors are nbtools/floors.py's; pyproject's requires-python (pip's refusal) says the same Python."""
+    from importlib import metadata
 
     import tomllib
 
-    from nbtools import doctor
-    from nbtools.device import requires_python
+    from nbtools import doctor, floors
 
     with open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "pyproject.toml"), "rb") as f:
-        assert requires_python() == tomllib.load(f)["project"]["requires-python"] == ">=3.10"
-    info = from_probe(CPU)
-    VersionInfo = namedtuple("VersionInfo", "major minor micro releaselevel serial")
-    monkeypatch.setattr(sys, "version_info", VersionInfo(3, 9, 18, "final", 0))
-    row = next(r for r in doctor.diagnose(info) if r.what == "python")
-    assert (row.status, row.note) == (doctor.FAIL, "Python >=3.10 is needed (the versions CI runs the series on)")
-    monkeypatch.setattr(sys, "version_info", VersionInfo(3, 10, 13, "final", 0))
-    assert next(r for r in doctor.diagnose(info) if r.what == "python").status != doctor.FAIL
+        declared = tomllib.load(f)["project"]["requires-python"]
+    assert declared == metadata.metadata("accelerate-ascend-nbtools")["Requires-Python"] == f">={floors.PYTHON}"
+    rows = {r.what: r for r in doctor.diagnose(from_probe(dict(CPU, python="3.9.18")))}
+    assert rows["python"].status == doctor.FAIL and floors.PYTHON in rows["python"].note, rows["python"]
+    assert rows["setup"].status == doctor.FAIL and rows["setup"].note == floors.USE_INSTEAD, rows["setup"]
+    rows = {r.what: r for r in doctor.diagnose(from_probe(dict(CPU, python="3.10.13", torch="2.8.0")))}
+    assert rows["torch"].status == doctor.FAIL and floors.TORCH in rows["torch"].note, rows["torch"]
+    assert "torch 2.8.0 (the series needs 2.9.0 or later)" in rows["setup"].found, rows["setup"]
+    rows = {r.what: r for r in doctor.diagnose(from_probe(dict(CPU, python="3.10.13", torch=floors.TORCH + "+cpu")))}
+    assert (rows["python"].status, rows["torch"].status) == (doctor.INFO, doctor.OK) and "setup" not in rows, rows
+
+
+def test_a_setup_below_the_floors_stops_with_what_to_use_instead():
+    """Every notebook's setup cell: torch 2.5.1 (an old ModelArts image) is a blocking problem naming the image."""
+    from nbtools import floors
+
+    info = from_probe(dict(CPU, torch="2.5.1"))
+    with pytest.raises(DeviceError, match=re.escape(floors.IMAGE)):
+        validate(device="auto", num_processes=2, timeout_s=60, info=info)
 
 
 @pytest.mark.parametrize("layout", ["cann", "ascend-toolkit"])
