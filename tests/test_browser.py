@@ -273,9 +273,14 @@ def _libraries(image: Path) -> dict[str, int]:
             for path in top.resolve().rglob("*.so*") if path.is_file()}
 
 
+def _version(python: Path, name: str) -> str:
+    return subprocess.run([str(python), "-c", f"from importlib import metadata; print(metadata.version({name!r}))"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(browser, artifacts, tmp_path):
     """README.zh-CN's path, as a learner takes it: clone, install requirements-learner.txt and nbtools into the
-    kernel's Python (which already has the image's torch), open 00_ascend_jupyterlab in JupyterLab, Run All.
+    kernel's Python (which already has the image's torch) with tools/install.py, open 00_ascend_jupyterlab in JupyterLab, Run All.
     The clone is of the committed HEAD: uncommitted changes are not in it. The kernel has no JupyterLab and no
     nbconvert (the platform brings its own JupyterLab), and every cell runs without an error."""
     repo = Path(NOTEBOOKS).resolve().parent
@@ -291,12 +296,15 @@ def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(brows
     assert "torch" in _link_the_images_torch(image)
     (site / "the-images-packages.pth").write_text(f"{image}\n")
     before = _libraries(image)
-    install = subprocess.run([str(python), "-m", "pip", "install", "-q", "-r", "requirements-learner.txt", "-e", "."],
-                             cwd=server.root, capture_output=True, text=True, timeout=1200)
+    torch_before = _version(python, "torch")
+    # README.zh-CN's 方式 A with the kernel's interpreter: tools/install.py holds the image's torch at its version
+    install = subprocess.run([str(python), "tools/install.py", "-q"], cwd=server.root, capture_output=True, text=True,
+                             timeout=1200)
     if install.returncode != 0:
         skip_outside_ci(f"pip could not install requirements-learner.txt (no package index?): {install.stderr[-600:]}")
     changed = sorted(path for path, stamp in _libraries(image).items() if before.get(path) != stamp)
     assert not changed, f"pip wrote into the image's packages (this environment's, in use): {changed[:5]}"
+    assert _version(python, "torch") == torch_before, "the install replaced the image's torch"
     missing = subprocess.run([str(python), "-c", "import importlib.util as u; "
                               "print([m for m in ('jupyterlab', 'nbconvert', 'torch', 'nbtools') if u.find_spec(m) is None])"],
                              capture_output=True, text=True, check=True).stdout.strip()

@@ -1,0 +1,168 @@
+"""Installing never breaks the learner's image: README.zh-CN.md's install commands, run as written on stand-in images.
+
+An image is stood in for by a venv of the Python it has, whose torch and torch_npu are metadata only (a
+``.dist-info`` folder is all pip and importlib.metadata read) in a folder on PYTHONPATH, as an image's system
+packages are outside the learner's venv. Two images:
+- an old ModelArts-like one (Python 3.11, torch 2.5.1 + torch_npu 2.5.1): refused in one sentence, nothing
+  installed; a plain `pip install -r requirements-learner.txt` there would replace its torch (the control);
+- the quick-start's (Python 3.12, torch 2.9.0 + torch_npu 2.9.0.post2): installs, and keeps them.
+The floors themselves are held to what CI runs (README's ci: commands).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from conftest import ROOT, skip_outside_ci
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+from nbtools import floors
+
+PAGE = Path(ROOT, "README.zh-CN.md").read_text(encoding="utf-8")
+README = Path(ROOT, "README.md").read_text(encoding="utf-8")
+OLD_IMAGE = {"torch": "2.5.1", "torch-npu": "2.5.1"}
+QUICKSTART_IMAGE = {"torch": "2.9.0", "torch-npu": "2.9.0.post2"}
+
+
+def page_block(way: str) -> str:
+    """The shell block of 方式 A or 方式 B on the learner page, as written."""
+    return re.search(rf"\*\*方式 {way}：.*?```shell\n(.*?)```", PAGE, re.S).group(1)
+
+
+def interpreter(version: str) -> str:
+    """A python<version> that runs: on PATH, or one of pyenv's (the README's way to get several)."""
+    exe = shutil.which(f"python{version}")
+    if exe and subprocess.run([exe, "-c", ""], capture_output=True).returncode == 0:
+        return exe
+    root = subprocess.run(["pyenv", "root"], capture_output=True, text=True).stdout.strip() if shutil.which("pyenv") else ""
+    found = sorted(Path(root or "/nonexistent", "versions").glob(f"{version}.*/bin/python{version}"),
+                   key=lambda p: Version(p.parts[-3]))
+    if not found:
+        skip_outside_ci(f"no python{version} here (pyenv install {version})")
+    return str(found[-1])
+
+
+def stand_in_image(tmp_path: Path, version: str, held: dict[str, str]) -> dict[str, str]:
+    """The environment of a shell on that image: its `python` first on PATH, its torch family on PYTHONPATH."""
+    venv, system = tmp_path / "image", tmp_path / "image-system-packages"
+    subprocess.run([interpreter(version), "-m", "venv", str(venv)], check=True, timeout=300)
+    for name, ver in held.items():
+        info = system / f"{name.replace('-', '_')}-{ver}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {ver}\n")
+        (info / "INSTALLER").write_text("image\n")
+        (info / "RECORD").write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "PIP_"))}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", PYTHONPATH=str(system), PIP_DISABLE_PIP_VERSION_CHECK="1")
+    return env
+
+
+def versions(python: str, env: dict[str, str], *names: str) -> dict[str, str | None]:
+    code = ("import json, sys; from importlib import metadata as m\n"
+            "def v(n):\n try: return m.version(n)\n except m.PackageNotFoundError: return None\n"
+            "print(json.dumps({n: v(n) for n in sys.argv[1:]}))")
+    out = subprocess.run([python, "-c", code, *names], env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def shell(script: str, env: dict[str, str], timeout: float = 900) -> subprocess.CompletedProcess:
+    """A learner's terminal in the repository root, pasting the block."""
+    return subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_an_image_older_than_the_floors_is_refused_in_one_sentence_and_keeps_its_torch(tmp_path):
+    env = stand_in_image(tmp_path, "3.11", OLD_IMAGE)
+    venv_b = tmp_path / "learner-venv"
+    for way, script in (("A", page_block("A")), ("B", page_block("B").replace("/home/ma-user/work/venv", str(venv_b)))):
+        proc = shell(script, env)
+        assert proc.returncode != 0, f"方式 {way} installed on torch 2.5.1:\n{proc.stdout[-2000:]}"
+        said = [line for line in proc.stderr.splitlines() if "too old" in line]
+        assert len(said) == 1 and "torch 2.5.1 (the series needs 2.9.0 or later)" in said[0], proc.stderr
+        assert floors.IMAGE in said[0] and "tools/classroom.Dockerfile" in said[0], said
+        python = str(venv_b / "bin" / "python") if way == "B" else "python"
+        assert versions(python, env, *OLD_IMAGE, "accelerate") == {**OLD_IMAGE, "accelerate": None}, way
+
+
+def test_without_the_held_versions_pip_would_replace_the_old_images_torch(tmp_path):
+    """The control, and the learner page's claim: a plain install of the learner requirements on that image plans
+    a new torch, because the Accelerate it picks (1.16.0 on Python >= 3.11) rejects torch 2.5.1."""
+    env = stand_in_image(tmp_path, "3.11", OLD_IMAGE)
+    report = tmp_path / "plan.json"
+    proc = shell(f"python -m pip install -q --dry-run --report {report} -r requirements-learner.txt", env)
+    if proc.returncode != 0:
+        skip_outside_ci(f"pip could not resolve the learner requirements (no package index?): {proc.stderr[-400:]}")
+    plan = {i["metadata"]["name"].lower(): i["metadata"] for i in json.loads(report.read_text())["install"]}
+    assert "torch" in plan, "pip kept torch 2.5.1 unasked: the learner page's example is no longer true"
+    wants = [Requirement(r) for r in plan["accelerate"].get("requires_dist", []) if Requirement(r).name == "torch"]
+    assert wants and not any(r.specifier.contains(OLD_IMAGE["torch"]) for r in wants), (plan["accelerate"]["version"], wants)
+
+
+NO_NETWORK = ("NewConnectionError", "Temporary failure in name resolution", "Network is unreachable", "No route to host")
+
+
+def test_the_quickstart_image_installs_and_keeps_its_torch_and_torch_npu(tmp_path):
+    env = stand_in_image(tmp_path, "3.12", QUICKSTART_IMAGE)
+    proc = shell(page_block("A"), env)
+    if proc.returncode != 0 and any(s in proc.stderr for s in NO_NETWORK):
+        skip_outside_ci(f"no package index: {proc.stderr[-400:]}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "held at their installed versions: torch 2.9.0, torch-npu 2.9.0.post2" in proc.stdout, proc.stdout[:600]
+    got = versions("python", env, *QUICKSTART_IMAGE, "accelerate", "peft", "accelerate-ascend-nbtools", "jupyterlab")
+    assert {k: got[k] for k in QUICKSTART_IMAGE} == QUICKSTART_IMAGE, got
+    assert got["accelerate"] and got["peft"] and got["accelerate-ascend-nbtools"] and not got["jupyterlab"], got
+    code = ("from importlib import metadata as m\nfor d in ('accelerate', 'peft'):\n"
+            " print(*[r for r in m.requires(d) or [] if r.split(' ')[0].split('>')[0].split('=')[0] == 'torch'])")
+    wants = [Requirement(r) for r in shell(f'python -c "{code}"', env).stdout.split() if r.startswith("torch")]
+    assert wants and all(r.specifier.contains("2.9.0") for r in wants), wants  # releases that declare torch 2.9.0
+
+
+def test_a_python_below_the_floor_hears_the_sentence_from_the_installer_and_the_doctor():
+    python = interpreter("3.9")
+    for argv in ([python, "tools/install.py"], [python, "-m", "nbtools", "doctor"]):
+        proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert proc.returncode != 0 and "Traceback" not in proc.stderr, (argv, proc.stderr)
+        assert re.search(r"python 3\.9\.\d+ \(the series needs 3\.10 or later\)", proc.stderr), proc.stderr
+        assert floors.USE_INSTEAD in proc.stderr, proc.stderr
+
+
+def test_the_floors_are_the_lowest_versions_ci_runs():
+    """floors.py against the README's ci: commands (what CI runs), the requirement files and Accelerate itself."""
+    commands = " ".join(re.findall(r"<!-- ci:[\w-]+ [^\n]*-->\n```shell\n(.*?)```", README, re.S))
+    lowest = {name: min(re.findall(pattern, commands), key=Version)
+              for name, pattern in (("python", r"\bpython(3\.\d+) -m venv"), ("torch", r"\btorch==([\d.]+)"),
+                                    ("accelerate", r"\baccelerate==([\d.]+)"))}
+    assert lowest == {"python": floors.PYTHON, "torch": floors.TORCH, "accelerate": floors.ACCELERATE}
+    learner = Path(ROOT, "requirements-learner.txt").read_text()
+    assert Version(re.search(r"^accelerate>=([\d.]+)", learner, re.M).group(1)) == Version(floors.ACCELERATE)
+    npu = Path(ROOT, "requirements-npu.txt").read_text()
+    assert re.search(r"^# quick-start: cann (\S+)", npu, re.M).group(1) == floors.CANN
+    # 08's FSDP2: Accelerate 1.15 names its torch floor FSDP2_PYTORCH_VERSION; 1.16 requires that torch itself
+    from importlib import metadata
+
+    from accelerate.utils import constants
+
+    needs = getattr(constants, "FSDP2_PYTORCH_VERSION", None) or next(
+        min(s.version for s in Requirement(r).specifier) for r in metadata.requires("accelerate") if r.startswith("torch>"))
+    assert Version(needs) <= Version(floors.TORCH), f"FSDP2 needs torch {needs}: 08 must skip below it"
+
+
+LEARNER_FACING = sorted([*Path(ROOT, "notebooks").glob("*.ipynb"), *Path(ROOT, "docs").glob("*.md"),
+                         Path(ROOT, "README.zh-CN.md")])
+
+
+def test_no_notebook_or_doc_installs_a_requirement_file_past_the_installer():
+    """A learner never installs requirements.txt (JupyterLab) into the platform's Python, nor a requirement file
+    without tools/install.py holding the image's torch; a container's Dockerfile is no learner's page."""
+    plain = re.compile(r"pip install[^\n`|]*?-r requirements(-learner|-deepspeed|-npu)?\.txt")
+    found = [f"{p.name}: {m.group(0)}" for p in LEARNER_FACING for m in plain.finditer(p.read_text(encoding="utf-8"))]
+    # a bare-metal host's torch pair (or the quick-start's image), and what the installer itself runs (-c <held>)
+    allowed = [f for f in found if "requirements-npu.txt" in f or " -c " in f]
+    assert sorted(set(found) - set(allowed)) == [], "use `python tools/install.py [-r ...]`"
+    assert "python tools/install.py" in page_block("A") and "tools/install.py" in page_block("B")
