@@ -507,6 +507,8 @@ def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Map
             f"--simulate-npu needs the simulated NPU of this repository ({SIMNPU_ROOT} is missing): "
             "run from a checkout installed with `pip install -e .`"
         )
+    if not os.access(SIMNPU_ROOT / "bin" / "npu-smi", os.X_OK):  # unpacked from a zip (python -m zipfile): no x bit
+        (SIMNPU_ROOT / "bin" / "npu-smi").chmod(0o755)
     return {
         "PYTHONPATH": _in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH")),
         "PATH": _in_front(SIMNPU_ROOT / "bin", environ.get("PATH")),

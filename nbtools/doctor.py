@@ -13,7 +13,6 @@ from pathlib import Path
 from packaging.requirements import Requirement
 from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
 
 from . import floors
 from .device import CANN_FIX, DeviceInfo, detect, installed, same_version
@@ -70,16 +69,6 @@ class Row:
     note: str = ""
 
 
-def _major_minor(v: str | None) -> tuple[int, ...]:
-    """(major, minor) of a PEP 440 version: '2.9.0+cu128' and '2.1.0a0+git12ab' compare by their public release."""
-    if not v:
-        return ()
-    try:
-        return Version(v).release[:2]
-    except InvalidVersion:
-        return ()
-
-
 def accelerate_config_path() -> str | None:
     """The default config file `accelerate launch` would read, as Accelerate itself computes it.
 
@@ -126,11 +115,11 @@ def _torch_rows(info: DeviceInfo) -> list[Row]:
         rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: pip install -r requirements-npu.txt")]
     else:
         want = QUICKSTART.get("torch")
-        status = WARN if npu_v and want and _major_minor(torch_v) != _major_minor(want) else OK
+        status = WARN if npu_v and want and floors.release(torch_v)[:2] != floors.release(want)[:2] else OK
         rows = [Row("torch", torch_v, status, f"quick-start: {want}" if status != OK else "")]
         if floors.below(torch_v, floors.TORCH):
             rows = [Row("torch", torch_v, FAIL, f"below the series' minimum torch {floors.TORCH}: see the setup line")]
-    if npu_v and torch_v and _major_minor(npu_v) != _major_minor(torch_v):
+    if npu_v and torch_v and floors.release(npu_v)[:2] != floors.release(torch_v)[:2]:
         rows.append(Row("torch_npu", npu_v, FAIL, f"torch_npu {npu_v} does not match torch {torch_v}: install the pair from the "
                         "torch / torch_npu / CANN compatibility matrix (https://gitcode.com/Ascend/pytorch)"))
     elif npu_v:

@@ -16,6 +16,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from conftest import ROOT, skip_outside_ci
@@ -166,3 +167,20 @@ def test_no_notebook_or_doc_installs_a_requirement_file_past_the_installer():
     allowed = [f for f in found if "requirements-npu.txt" in f or " -c " in f]
     assert sorted(set(found) - set(allowed)) == [], "use `python tools/install.py [-r ...]`"
     assert "python tools/install.py" in page_block("A") and "tools/install.py" in page_block("B")
+
+
+def test_the_zip_route_unpacks_a_checkout_that_installs_and_simulates(tmp_path):
+    """The learner page's zip route as written: the teacher's `git archive` (of HEAD), unpacked with Python's own
+    zipfile (no unzip on the image), which drops executable bits: the checkout still installs (pip's dry run) and
+    `--simulate-npu`'s npu-smi still runs."""
+    teacher = re.search(r"`(git archive [^`]*)`", PAGE).group(1)
+    subprocess.run(teacher.replace("-o accelerate-ascend.zip", f"-o {tmp_path / 'accelerate-ascend.zip'}"), shell=True,
+                   cwd=ROOT, check=True, timeout=120)
+    block = re.search(r"\*\*没有 git 或不能联网时：zip。\*\*.*?```shell\n(.*?)```", PAGE, re.S).group(1)
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    after = ("python tools/install.py --help | head -n 1\n"
+             "python -c 'from nbtools import device; print(device.environment()[\"SIMNPU_CARDS\"])'\n"
+             "simnpu/bin/npu-smi info | head -n 3\n")
+    proc = shell(block.replace("/home/ma-user/work", str(tmp_path)) + after, env, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Install the series into this Python" in proc.stdout and "npu-smi" in proc.stdout, proc.stdout
