@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,13 +44,17 @@ def series_report():
 
 
 def _save_tiny_llama(path: Path) -> None:
-    """A checkpoint in a local folder for 07's `model_id` path (from_pretrained, no network): grouped-query
-    attention (2 KV heads for 4 query heads), so the LoRA count it derives for v_proj differs from q_proj's."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(path)
+    """A model folder for 07's `model_id` path (from_pretrained, no network), made by 07's own make_base.py over
+    its make_data.py's data, with 3 layers and grouped-query attention (2 KV heads for 4 query heads), so the LoRA
+    count it derives for k_proj / v_proj differs from q_proj's."""
+    nb = nbformat.read(os.path.join(NOTEBOOKS, "07_lora_finetune.ipynb"), as_version=4)
+    for cell in nb.cells:
+        first, _, body = cell.source.partition("\n")
+        if first.startswith("%%writefile make_"):
+            (path / first.split()[1]).write_text(body)
+    run = dict(cwd=path, check=True, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "make_data.py", "--out", "data"], **run)
+    subprocess.run([sys.executable, "make_base.py", "--out", "model", "--data", "data", "--layers", "3", "--kv_heads", "2"], **run)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +65,7 @@ def offline_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("offline-out")
     model_dir = tmp_path_factory.mktemp("local-model")
     _save_tiny_llama(model_dir)
+    model_dir = model_dir / "model"
     before = _git_status()
     with on_its_own() as prefix:
         proc = subprocess.run(
@@ -96,8 +102,10 @@ def test_offline_notebooks_pass_and_leave_the_work_tree_unchanged(offline_run):
     assert [Path(n["path"]).name for n in report["notebooks"]] == list(OFFLINE_NOTEBOOKS)
     assert all(n["status"] == "passed" for n in report["notebooks"]), report["notebooks"]
     real = next(c for c in report["checks"] if c["id"] == "lora-real-model")
-    # 3 layers x r=8 x ((64 + 64) for q_proj + (64 + 2 * 16) for v_proj), derived here as the notebook derives it
-    assert real["status"] == "passed" and real["reason"].split(": ", 1)[1].startswith(f"{3 * 8 * (128 + 96)} trainable"), real
+    # 3 layers x r=8 x (q_proj, o_proj: 64 + 64; k_proj, v_proj: 64 + 2 * 16; gate, up, down: 64 + 128), derived here
+    assert real["status"] == "passed" and real["reason"].split(": ", 1)[1].startswith(f"{3 * 8 * (2 * 128 + 2 * 96 + 3 * 192)} trainable"), real
+    answers = next(c for c in report["checks"] if c["id"] == "lora-answers")
+    assert answers["status"] == "passed", answers  # the local model, fine-tuned, answers better than before
     assert _git_status() == before
 
 

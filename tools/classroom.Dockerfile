@@ -1,9 +1,18 @@
-# The learners' image, built once by the script tools/classroom.py writes: the quick-start's CANN image, the
-# torch + torch_npu pair it was validated with, the series' requirements (JupyterLab included: in a container
-# there is no platform JupyterLab). Not built in CI: there is no Ascend host there.
-# BASE has no default: tools/classroom.py passes its BASE (the one copy); without it the build fails at FROM.
+# The learners' image, built by the script tools/classroom.py writes: the quick-start's CANN image with what every
+# lesson needs: the torch + torch_npu pair it was validated with (requirements-npu.txt), then the series itself
+# (/opt/series, installed with -e), JupyterLab (requirements.txt: in a container there is no platform JupyterLab)
+# and deepspeed (requirements-deepspeed.txt: 08's ZeRO checks), installed by tools/install.py, which holds that pair.
+# Not built in CI: there is no Ascend host there. The context is the repository (.dockerignore keeps out .git, the
+# venvs, outputs and the classroom scripts, which hold the learners' tokens).
+# BASE has no default: tools/classroom.py passes the quick-start's image (nbtools/floors.py, the one copy); without
+# it the build fails at FROM.
 ARG BASE
 FROM ${BASE}
-COPY requirements-npu.txt requirements.txt requirements-learner.txt /opt/series/
-RUN python3 -m pip install --no-cache-dir -r /opt/series/requirements-npu.txt
+# Offline (tools/classroom.py --wheelhouse): "--no-index --find-links /opt/series/wheelhouse", the repository's
+# wheelhouse/ made for this image's architecture and Python (docs/teaching.md, 2b). Empty: pip uses its index.
+ARG PIP_ARGS=""
+COPY . /opt/series
+WORKDIR /opt/series
+RUN python3 -m pip install --no-cache-dir ${PIP_ARGS} -r requirements-npu.txt
+RUN python3 tools/install.py -r requirements.txt -r requirements-deepspeed.txt --no-cache-dir ${PIP_ARGS}
 WORKDIR /home/ma-user/work
