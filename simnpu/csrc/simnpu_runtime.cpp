@@ -6,10 +6,19 @@
 // only provides what torch needs in C++ for a device type: a DeviceGuardImplInterface (current
 // device, device count, no-op streams and events) and a PrivateUse1HooksInterface.
 #include <ATen/detail/PrivateUse1HooksInterface.h>
-#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/core/Generator.h>
+#include <c10/core/StorageImpl.h>
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
+#include "simnpu.h"
+
+#include <pthread.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
@@ -18,7 +27,7 @@
 
 namespace {
 
-constexpr int kMaxCards = 64;
+constexpr int kMaxCards = simnpu::kMaxCards;
 
 struct Visible {
   int status = 0;              // 0 ok, 207004 id out of range, 1 not ascending, 2 malformed
@@ -82,12 +91,125 @@ Visible visible() {
 
 thread_local c10::DeviceIndex current_index = 0;
 
+// ---- initialisation, the fork rule, and the registry npu-smi reads ----------------------------------
+std::mutex init_mutex;
+bool initialized = false;
+std::atomic<bool> bad_fork{false};
+std::atomic<bool> held[simnpu::kMaxCards];
+
+void after_fork_in_child() {
+  if (initialized) bad_fork = true;
+  for (auto& h : held) h = false;
+}
+
+struct AtFork {
+  AtFork() { pthread_atfork(nullptr, nullptr, after_fork_in_child); }
+} at_fork;
+
+std::string state_dir() {
+  const char* d = std::getenv("SIMNPU_STATE_DIR");
+  if (d && *d) return d;
+  return "/tmp/simnpu-" + std::to_string(getuid());
+}
+
+void register_card(int physical) {  // a convenience for npu-smi: never fails a run
+  const std::string folder = state_dir() + "/procs";
+  mkdir(state_dir().c_str(), 0777);
+  mkdir(folder.c_str(), 0777);
+  std::string name = "python";
+  if (FILE* f = std::fopen("/proc/self/comm", "r")) {
+    char buf[64] = {0};
+    if (std::fgets(buf, sizeof buf, f)) {
+      name = buf;
+      while (!name.empty() && (name.back() == '\n' || name.back() == ' ')) name.pop_back();
+    }
+    std::fclose(f);
+  }
+  const std::string path = folder + "/" + std::to_string(getpid()) + "-" + std::to_string(physical);
+  if (FILE* f = std::fopen(path.c_str(), "w")) {
+    std::fprintf(f, "%d\n%s\n%d\n", static_cast<int>(getpid()), name.c_str(), physical);
+    std::fclose(f);
+  }
+}
+
+std::string init_error() {  // "" once the runtime is up
+  if (bad_fork) {
+    return "Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, you must use the "
+           "'spawn' start method";
+  }
+  std::lock_guard<std::mutex> lock(init_mutex);
+  if (initialized) return "";
+  const Visible v = visible();
+  const char* vis = std::getenv("ASCEND_RT_VISIBLE_DEVICES");
+  const char* cards = std::getenv("SIMNPU_CARDS");
+  if (v.status == 207004) {
+    return std::string("npuSynchronizeDevice:torch_npu/csrc/core/npu/NPUStream.cpp NPU function error: "
+                       "aclrtSetDevice, error code is 207004\n[ERROR] (simulated) ASCEND_RT_VISIBLE_DEVICES=") +
+           (vis ? vis : "") + " names a card the host does not have (SIMNPU_CARDS=" + (cards ? cards : "2") +
+           "). EE1001: The argument is invalid.";
+  }
+  if (v.status != 0) {
+    return std::string("NPU device is unavailable: ASCEND_RT_VISIBLE_DEVICES=") + (vis ? vis : "") +
+           " is not an ascending list of card ids (simulated runtime rejects it)";
+  }
+  if (v.physical.empty()) return "No NPU device is visible (simulated runtime: device_count() == 0)";
+  {
+    std::lock_guard<std::mutex> vlock(visible_mutex);
+    fixed_visible = v;  // ASCEND_RT_VISIBLE_DEVICES was re-read until now; from here the cards are fixed
+    frozen = true;
+  }
+  initialized = true;
+  return "";
+}
+
+}  // namespace
+
+namespace simnpu {
+
 c10::DeviceIndex count() { return static_cast<c10::DeviceIndex>(visible().physical.size()); }
+c10::DeviceIndex current() { return current_index; }
+bool in_bad_fork() { return bad_fork; }
 
 void check_index(c10::DeviceIndex i) {
   TORCH_CHECK(i >= 0 && i < count(), "Invalid device argument: npu:", static_cast<int>(i),
-              " (simulated NPU, device_count=", static_cast<int>(count()), ")");
+              " (device_count=", static_cast<int>(count()), "). The device index is out of range.");
 }
+
+void set_current(c10::DeviceIndex i) {
+  touch(i);
+  current_index = i;
+}
+
+void set_current_unchecked(c10::DeviceIndex i) { current_index = i; }
+
+std::string touch_error(c10::DeviceIndex i) {
+  if (i >= 0 && i < kMaxCards && held[i] && !bad_fork) return "";  // the fast path of every allocation
+  std::string err = init_error();
+  if (!err.empty()) return err;
+  if (i < 0) return "";  // initialise only
+  if (i >= count()) {
+    return "Invalid device argument: npu:" + std::to_string(i) + " (device_count=" + std::to_string(count()) +
+           "). The device index is out of range.";
+  }
+  if (!held[i].exchange(true)) register_card(visible().physical[i]);
+  return "";
+}
+
+void touch(c10::DeviceIndex i) {
+  const std::string err = touch_error(i);
+  TORCH_CHECK(err.empty(), err);
+}
+
+Soc& soc() {
+  static Soc s;
+  return s;
+}
+
+}  // namespace simnpu
+
+namespace {
+using simnpu::check_index;
+using simnpu::count;
 
 struct SimNpuGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
@@ -127,7 +249,7 @@ struct SimNpuHooks final : at::PrivateUse1HooksInterface {
   bool isAvailable() const override { return count() > 0; }
   bool hasPrimaryContext(c10::DeviceIndex) const override { return true; }
   c10::DeviceIndex deviceCount() const override { return count(); }
-  void setCurrentDevice(c10::DeviceIndex d) const override { check_index(d); current_index = d; }
+  void setCurrentDevice(c10::DeviceIndex d) const override { simnpu::set_current(d); }
   c10::DeviceIndex getCurrentDevice() const override { return current_index; }
   c10::DeviceIndex exchangeDevice(c10::DeviceIndex d) const override {
     auto old = current_index;
@@ -138,14 +260,17 @@ struct SimNpuHooks final : at::PrivateUse1HooksInterface {
   // Device memory is host memory here, so "pinned" host memory is plain host memory.
   bool isPinnedPtr(const void*) const override { return false; }
   c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
-  const at::Generator& getDefaultGenerator(c10::DeviceIndex) const override {
-    return at::detail::getDefaultCPUGenerator();  // kernels run on the host generator
+  const at::Generator& getDefaultGenerator(c10::DeviceIndex i) const override {
+    return simnpu::default_generator(i < 0 ? current_index : i);
+  }
+  at::Generator getNewGenerator(c10::DeviceIndex i) const override {
+    return simnpu::new_generator(i < 0 ? current_index : i);
   }
   at::Device getDeviceFromPtr(void*) const override {
     return at::Device(c10::DeviceType::PrivateUse1, current_index);
   }
-  void resizePrivateUse1Bytes(const c10::Storage&, size_t) const override {
-    TORCH_CHECK(false, "simulated NPU: storages live on the host; resizing a device storage is not simulated");
+  void resizePrivateUse1Bytes(const c10::Storage& storage, size_t n) const override {
+    simnpu::resize_bytes(storage.unsafeGetStorageImpl(), n);
   }
 };
 
@@ -158,20 +283,30 @@ struct Register {
 // C entry points for the Python side (ctypes).
 extern "C" {
 int simnpu_status() { return visible().status; }
-void simnpu_freeze() {  // the runtime's initialisation: the visible cards are fixed from now on
-  std::lock_guard<std::mutex> lock(visible_mutex);
-  if (!frozen) fixed_visible = compute_visible();
-  frozen = true;
-}
 int simnpu_device_count() { return static_cast<int>(visible().physical.size()); }
 int simnpu_physical_id(int i) {
   const auto p = visible().physical;
   return (i >= 0 && i < static_cast<int>(p.size())) ? p[i] : -1;
 }
 int simnpu_current_device() { return current_index; }
-int simnpu_set_device(int i) {
-  if (i < 0 || i >= simnpu_device_count()) return -1;
+int simnpu_initialized() { return initialized && !bad_fork; }
+int simnpu_in_bad_fork() { return bad_fork; }
+// Initialise (i < 0) or initialise and take card i; 0 on success, else the runtime's message in `err`.
+int simnpu_touch(int i, char* err, int n) {
+  const std::string e = simnpu::touch_error(static_cast<c10::DeviceIndex>(i));
+  if (e.empty()) return 0;
+  std::snprintf(err, n, "%s", e.c_str());
+  return 1;
+}
+int simnpu_set_device(int i, char* err, int n) {
+  if (simnpu_touch(i, err, n)) return 1;
   current_index = static_cast<c10::DeviceIndex>(i);
   return 0;
+}
+void simnpu_configure(const char* soc_name, long long hbm, int bf16) {
+  auto& s = simnpu::soc();
+  s.name = soc_name;
+  s.hbm = hbm;
+  s.bf16 = bf16 != 0;
 }
 }

@@ -17,7 +17,9 @@ __all__ = [
     "set_rng_state", "get_rng_state_all", "set_rng_state_all", "is_bf16_supported",
     "get_amp_supported_dtype", "set_compile_mode", "is_jit_compile_false", "matmul",
     "Stream", "Event", "StreamContext", "stream", "set_stream", "current_stream", "default_stream",
-    "get_device_capability",
+    "get_device_capability", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
+    "memory_cached", "max_memory_cached", "reset_max_memory_cached", "reset_accumulated_memory_stats",
+    "memory_stats_as_nested_dict", "memory_summary", "memory_snapshot",
 ]
 
 
@@ -30,7 +32,7 @@ def device_count():
 
 
 def is_initialized():
-    return rt.initialized and not rt.in_bad_fork
+    return rt.is_initialized()
 
 
 def _lazy_init():
@@ -42,7 +44,7 @@ def init():
 
 
 def _is_in_bad_fork():
-    return rt.in_bad_fork
+    return rt.in_bad_fork()
 
 
 def _get_device_index(device, optional=False, allow_cpu=False):
@@ -106,6 +108,8 @@ def get_device_properties(device_name=None):
 
 def synchronize(device=None):
     rt.lazy_init()
+    with globals()["device"](device):  # a device that is not an npu raises ValueError, as the real one
+        pass
 
 
 class device:
@@ -134,95 +138,172 @@ class device_of(device):
         super().__init__(idx)
 
 
-# ---- memory: bytes of live npu tensors' storages (host memory in this simulation) --------------
+# ---- memory: the simulated caching allocator's counts (simnpu_tensor.cpp holds the rules) ------------------
 def _idx(device):
-    return _get_device_index(device, optional=True)
+    return current_device() if device is None else _get_device_index(device, optional=True)
 
 
 def mem_get_info(device=None):
-    if device is None:
-        device = current_device()
+    """(free, total) bytes of the card: what this process holds reserved counts as used (other processes are not
+    seen on the simulation)."""
     index = _idx(device)
+    if index < 0 or index >= device_count():
+        raise AssertionError("Invalid device id")
     rt.touch(index)
-    total = rt.HBM
-    return (total - rt.allocated.get(index, 0), total)
+    m = rt.memory(index)
+    return (m["capacity"] - m["reserved"], m["capacity"])
+
+
+def set_per_process_memory_fraction(fraction, device=None):
+    """Limit the caching allocator of ``device`` to ``fraction`` of the card's memory, as the real one does: an
+    allocation past it raises torch.OutOfMemoryError."""
+    rt.lazy_init()
+    index = _idx(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    rt.check_index(index)
+    rt.LIB.simnpu_set_fraction(index, fraction)
+
+
+def get_per_process_memory_fraction(device=None):
+    return rt.LIB.simnpu_get_fraction(_idx(device))
 
 
 def memory_allocated(device=None):
-    return rt.allocated.get(_idx(device), 0)
+    return rt.memory(_idx(device))["allocated"]
 
 
 def max_memory_allocated(device=None):
-    return rt.peak.get(_idx(device), 0)
-
-
-def _round(n):
-    block = 2 * 2**20
-    return -(-n // block) * block
+    return rt.memory(_idx(device))["peak"]
 
 
 def memory_reserved(device=None):
-    return _round(memory_allocated(device))
+    return rt.memory(_idx(device))["reserved"]
 
 
 def max_memory_reserved(device=None):
-    return _round(max_memory_allocated(device))
+    return rt.memory(_idx(device))["peak_reserved"]
+
+
+def memory_cached(device=None):
+    return memory_reserved(device)
+
+
+def max_memory_cached(device=None):
+    return max_memory_reserved(device)
 
 
 def reset_peak_memory_stats(device=None):
-    index = _idx(device)
-    rt.peak[index] = rt.allocated.get(index, 0)
+    rt.LIB.simnpu_reset_peak(_idx(device))
 
 
 def reset_max_memory_allocated(device=None):
     reset_peak_memory_stats(device)
 
 
+def reset_max_memory_cached(device=None):
+    reset_peak_memory_stats(device)
+
+
+def reset_accumulated_memory_stats(device=None):
+    rt.LIB.simnpu_reset_accumulated(_idx(device))
+
+
 def memory_stats(device=None):
+    """The real keys this simulation can fill (all pools together); the rest of the real dictionary is absent."""
+    m = rt.memory(_idx(device))
+    return {"allocated_bytes.all.current": m["allocated"], "allocated_bytes.all.peak": m["peak"],
+            "allocation.all.allocated": m["allocs"], "allocation.all.freed": m["frees"],
+            "allocation.all.current": m["allocs"] - m["frees"], "num_ooms": m["ooms"],
+            "reserved_bytes.all.current": m["reserved"], "reserved_bytes.all.peak": m["peak_reserved"]}
+
+
+def memory_stats_as_nested_dict(device=None):
+    out = {}
+    for key, value in memory_stats(device).items():
+        node = out
+        *path, last = key.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+def _format_size(n):  # the real memory_summary's sizes
+    for prefix in ["B ", "KB", "MB", "GB", "TB"]:
+        if abs(n) < 768 * 1024:
+            break
+        n //= 1024
+    return f"{n:7d} {prefix}"
+
+
+def memory_summary(device=None, abbreviated=False):
+    """The real layout's header and its rows this simulation fills (all pools together)."""
     index = _idx(device)
-    a, p = rt.allocated.get(index, 0), rt.peak.get(index, 0)
-    return {"allocated_bytes.all.current": a, "allocated_bytes.all.peak": p,
-            "reserved_bytes.all.current": _round(a), "reserved_bytes.all.peak": _round(p)}
+    m = rt.memory(index)
+    line, rule = "|" + "=" * 75 + "|", "|" + "-" * 75 + "|"
+    rows = [("Allocated memory", _format_size(m["allocated"]), _format_size(m["peak"])),
+            ("NPU reserved memory", _format_size(m["reserved"]), _format_size(m["peak_reserved"])),
+            ("Allocations", f"{m['allocs'] - m['frees']:7d}  ", "")]
+    out = [line, "|" + f"PyTorch NPU memory summary, device ID {index}".center(75) + "|", rule,
+           "|" + f"NPU OOMs: {m['ooms']}".center(36) + "|" + "npuMalloc retries: 0".center(38) + "|", line,
+           "|        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  |", rule]
+    for name, cur, peak in rows:
+        out.append(f"| {name:<22}| {cur} | {peak:<10} | {'':<10} | {'':<10} |")
+    out.append(line)
+    return "\n".join(out) + "\n"
+
+
+def memory_snapshot():
+    return []
 
 
 def empty_cache():
-    pass
+    for index in range(device_count()):
+        rt.LIB.simnpu_empty_cache(index)
 
 
-# ---- RNG: one generator per device (host generators the npu tensors' random kernels draw from) ---
-def _gen(device="npu"):
-    index = rt.current_device() if device in ("npu", None) else _get_device_index(device, optional=True)
-    return rt.generator(index)
+# ---- RNG: one generator per card (C++; random kernels of npu tensors draw from it) -----------------------
+def _gen_index(device="npu"):
+    if device in ("npu", None):
+        return rt.current_device()
+    return _get_device_index(device, optional=True)
 
 
 def manual_seed(seed):
-    _gen().manual_seed(int(seed))
+    rt.LIB.simnpu_manual_seed(rt.current_device(), int(seed) & (2**64 - 1))
 
 
 def manual_seed_all(seed):
     for index in range(max(device_count(), 1)):
-        rt.generator(index).manual_seed(int(seed))
+        rt.LIB.simnpu_manual_seed(index, int(seed) & (2**64 - 1))
 
 
 def seed():
-    _gen().seed()
+    rt.LIB.simnpu_seed(rt.current_device())
 
 
 def seed_all():
-    value = _gen().seed()
+    value = rt.LIB.simnpu_seed(rt.current_device())
     manual_seed_all(value)
 
 
 def initial_seed():
-    return _gen().initial_seed()
+    return rt.LIB.simnpu_initial_seed(rt.current_device())
 
 
 def get_rng_state(device="npu"):
-    return _gen(device).get_state()
+    index = _gen_index(device)
+    state = torch.empty(rt.LIB.simnpu_get_rng_state(index, None, 0), dtype=torch.uint8)
+    rt.LIB.simnpu_get_rng_state(index, state.data_ptr(), state.numel())
+    return state
 
 
 def set_rng_state(new_state, device="npu"):
-    _gen(device).set_state(new_state)
+    state = new_state.to("cpu", torch.uint8).contiguous()
+    rt.LIB.simnpu_set_rng_state(_gen_index(device), state.data_ptr(), state.numel())
 
 
 def get_rng_state_all():

@@ -131,10 +131,25 @@ def load():
     global _LIB
     if _LIB is None:
         lib = ctypes.CDLL(build(), mode=ctypes.RTLD_GLOBAL)
-        for name in ("simnpu_status", "simnpu_device_count", "simnpu_physical_id",
-                     "simnpu_current_device", "simnpu_set_device"):
-            getattr(lib, name).restype = ctypes.c_int
-        lib.simnpu_freeze.restype = None
+        C = ctypes
+        for name, res, args in [
+            ("simnpu_status", C.c_int, []), ("simnpu_device_count", C.c_int, []),
+            ("simnpu_physical_id", C.c_int, [C.c_int]), ("simnpu_current_device", C.c_int, []),
+            ("simnpu_initialized", C.c_int, []), ("simnpu_in_bad_fork", C.c_int, []),
+            ("simnpu_touch", C.c_int, [C.c_int, C.c_char_p, C.c_int]),
+            ("simnpu_set_device", C.c_int, [C.c_int, C.c_char_p, C.c_int]),
+            ("simnpu_configure", None, [C.c_char_p, C.c_longlong, C.c_int]),
+            ("simnpu_memory", None, [C.c_int, C.POINTER(C.c_longlong)]),
+            ("simnpu_reset_peak", None, [C.c_int]), ("simnpu_reset_accumulated", None, [C.c_int]),
+            ("simnpu_empty_cache", None, [C.c_int]), ("simnpu_set_fraction", None, [C.c_int, C.c_double]),
+            ("simnpu_get_fraction", C.c_double, [C.c_int]),
+            ("simnpu_manual_seed", None, [C.c_int, C.c_ulonglong]), ("simnpu_seed", C.c_ulonglong, [C.c_int]),
+            ("simnpu_initial_seed", C.c_ulonglong, [C.c_int]),
+            ("simnpu_get_rng_state", C.c_longlong, [C.c_int, C.c_void_p, C.c_longlong]),
+            ("simnpu_set_rng_state", C.c_int, [C.c_int, C.c_void_p, C.c_longlong]),
+        ]:
+            getattr(lib, name).restype = res
+            getattr(lib, name).argtypes = args
         _LIB = lib
     return _LIB
 

@@ -1,5 +1,5 @@
-"""The ``hccl`` process-group backend of the simulated NPU: gloo on the host tensors inside the
-npu tensors (they share memory, so results land in place)."""
+"""The ``hccl`` process-group backend of the simulated NPU: gloo on host aliases of the npu tensors
+(CPU tensors over the same bytes, so results land in place)."""
 import ctypes
 import os
 
@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 
 from . import _runtime as rt
-from ._tensor import NPUTensor
+from ._tensor import host
 
 # test-only fault: the all-gather does not gather; each rank gets its own tensor in its slot and
 # zeros in the other ranks' slots
@@ -15,9 +15,9 @@ _LOCAL_ONLY = rt.FAULT == "allgather_local"
 
 
 def _u(t):
-    if isinstance(t, NPUTensor):
-        return t._elem
-    if isinstance(t, torch.Tensor) and t.device.type != "npu":
+    if isinstance(t, torch.Tensor) and t.device.type == "npu":
+        return host(t)
+    if isinstance(t, torch.Tensor):
         raise RuntimeError(f"HCCL: tensors must be on an NPU device, got a tensor on {t.device} "
                            "(simulated hccl refuses host tensors as the real one does)")
     return t

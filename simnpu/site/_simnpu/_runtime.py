@@ -1,9 +1,8 @@
-"""Process-wide state of the simulated NPU: visible cards, current device, initialisation and
-the fork rule, the process registry npu-smi reads, and memory accounting."""
+"""Process-wide state of the simulated NPU, kept by its C++ part and read here through ctypes: visible
+cards, current device, initialisation and the fork rule, the registry npu-smi reads, memory counts."""
 import atexit
+import ctypes
 import os
-import sys
-import threading
 
 import torch
 
@@ -43,55 +42,26 @@ def current_device():
     return LIB.simnpu_current_device()
 
 
-# One generator per device, as a card has (torch_npu seeds a fresh one with c10's default seed, as CUDA does).
-DEFAULT_SEED = 67280421310721
-_generators = {}
+_ERR = ctypes.create_string_buffer(1024)
 
 
-def generator(index):
-    """The npu:``index`` generator: random kernels of npu tensors draw from it, not from the CPU's."""
-    if index not in _generators:
-        _generators[index] = torch.Generator().manual_seed(DEFAULT_SEED)
-    return _generators[index]
-
-
-_lock = threading.RLock()
-initialized = False
-in_bad_fork = False
-_cards_held = set()
-
-
-def _fail_status():
-    st = status()
-    vis = os.environ.get("ASCEND_RT_VISIBLE_DEVICES")
-    if st == 207004:
-        raise RuntimeError(
-            "npuSynchronizeDevice:torch_npu/csrc/core/npu/NPUStream.cpp NPU function error: "
-            f"aclrtSetDevice, error code is 207004\n[ERROR] (simulated) ASCEND_RT_VISIBLE_DEVICES={vis} "
-            f"names a card the host does not have (SIMNPU_CARDS={os.environ.get('SIMNPU_CARDS', '2')}). "
-            "EE1001: The argument is invalid.")
-    if st != 0:
-        raise RuntimeError(f"NPU device is unavailable: ASCEND_RT_VISIBLE_DEVICES={vis} is not an "
-                           "ascending list of card ids (simulated runtime rejects it)")
+def _check(code):
+    if code:
+        raise RuntimeError(_ERR.value.decode())
 
 
 def lazy_init():
-    """Initialise the simulated runtime (what the first device use does on a real host)."""
-    global initialized
-    if initialized and not in_bad_fork:
-        return
-    if in_bad_fork:
-        raise RuntimeError(
-            "Cannot re-initialize NPU in forked subprocess. To use NPU with multiprocessing, "
-            "you must use the 'spawn' start method")
-    with _lock:
-        if initialized:
-            return
-        _fail_status()
-        if device_count() == 0:
-            raise RuntimeError("No NPU device is visible (simulated runtime: device_count() == 0)")
-        LIB.simnpu_freeze()  # ASCEND_RT_VISIBLE_DEVICES was re-read until now; from here the cards are fixed
-        initialized = True
+    """Initialise the simulated runtime (what the first device use does on a real host); after a fork, and when
+    the visible cards are wrong, raise the runtime's error."""
+    _check(LIB.simnpu_touch(-1, _ERR, len(_ERR)))
+
+
+def is_initialized():
+    return bool(LIB.simnpu_initialized())
+
+
+def in_bad_fork():
+    return bool(LIB.simnpu_in_bad_fork())
 
 
 def check_index(index):
@@ -102,92 +72,45 @@ def check_index(index):
 
 
 def touch(index):
-    """Mark card ``index`` as used by this process (initialises; registers for npu-smi)."""
-    if initialized and index in _cards_held and not in_bad_fork:
-        return
-    lazy_init()
-    check_index(index)
-    if index not in _cards_held:
-        _cards_held.add(index)
-        _register(physical_id(index))
+    """Take card ``index`` in this process (initialises; registers it for npu-smi)."""
+    _check(LIB.simnpu_touch(index, _ERR, len(_ERR)))
 
 
 def set_device(index):
-    touch(index)
-    LIB.simnpu_set_device(index)
+    _check(LIB.simnpu_set_device(index, _ERR, len(_ERR)))
 
 
-def _after_fork_in_child():
-    global in_bad_fork, _cards_held
-    if initialized:
-        in_bad_fork = True
-    _cards_held = set()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# ---- the registry npu-smi reads -------------------------------------------------------------
+# ---- npu-smi's registry: the C++ part writes <state dir>/procs/<pid>-<card> when a card is taken -------
 def state_dir():
     return os.environ.get("SIMNPU_STATE_DIR") or f"/tmp/simnpu-{os.getuid()}"
 
 
-_registered = []
-
-
-def _register(card):
+def _unregister():
     folder = os.path.join(state_dir(), "procs")
     try:
-        os.makedirs(folder, exist_ok=True)
-        path = os.path.join(folder, f"{os.getpid()}-{card}")
-        name = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
-        try:
-            with open(f"/proc/{os.getpid()}/comm") as f:
-                name = f.read().strip() or name
-        except OSError:
-            pass
-        with open(path, "w") as f:
-            f.write(f"{os.getpid()}\n{name}\n{card}\n")
-        _registered.append(path)
+        names = os.listdir(folder)
     except OSError:
-        pass   # npu-smi is a convenience; never fail a run for it
-
-
-def _unregister():
-    for path in _registered:
-        try:
-            if os.path.basename(path).startswith(f"{os.getpid()}-"):
-                os.unlink(path)
-        except OSError:
-            pass
+        return
+    for name in names:
+        if name.startswith(f"{os.getpid()}-"):
+            try:
+                os.unlink(os.path.join(folder, name))
+            except OSError:
+                pass
 
 
 atexit.register(_unregister)
 
 
-# ---- memory accounting: bytes of the host storages behind live npu tensors ---------------------
-allocated = {}
-peak = {}
-_live = {}   # storage key -> [nbytes, live wrappers, device index]
+# ---- memory: the C++ allocator's counts per card ----------------------------------------------------------
+MEMORY_FIELDS = ("allocated", "peak", "reserved", "peak_reserved", "allocs", "frees", "ooms", "allowed", "capacity")
 
 
-def track(storage_key, nbytes, index):
-    rec = _live.get(storage_key)
-    if rec is None:
-        _live[storage_key] = [nbytes, 1, index]
-        a = allocated.get(index, 0) + nbytes
-        allocated[index] = a
-        if a > peak.get(index, 0):
-            peak[index] = a
-    else:
-        rec[1] += 1
+def memory(index):
+    """The allocator's figures for card ``index`` (bytes and counts, as MEMORY_FIELDS names them)."""
+    out = (ctypes.c_longlong * len(MEMORY_FIELDS))()
+    LIB.simnpu_memory(index, out)
+    return dict(zip(MEMORY_FIELDS, out))
 
 
-def release(storage_key):
-    rec = _live.get(storage_key)
-    if rec is None:
-        return
-    rec[1] -= 1
-    if rec[1] <= 0:
-        del _live[storage_key]
-        allocated[rec[2]] = allocated.get(rec[2], 0) - rec[0]
+LIB.simnpu_configure(SOC.encode(), HBM, int(BF16))

@@ -7,11 +7,14 @@ from . import amp, random  # noqa: F401
 
 # The real torch_npu.npu's __all__ (simnpu/api/), less the names this stand-in does not define.
 __all__ = [
-    "Event", "Stream", "StreamContext", "current_stream", "default_stream", "get_device_capability", "set_stream",
-    "stream", "current_device", "device", "device_count", "device_of", "empty_cache", "get_amp_supported_dtype",
-    "get_device_name", "get_device_properties", "get_rng_state", "get_rng_state_all", "init", "initial_seed",
-    "is_available", "is_bf16_supported", "is_initialized", "is_jit_compile_false", "manual_seed", "manual_seed_all",
-    "matmul", "max_memory_allocated", "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_reserved",
-    "memory_stats", "reset_max_memory_allocated", "reset_peak_memory_stats", "seed", "seed_all", "set_compile_mode",
-    "set_device", "set_rng_state", "set_rng_state_all", "synchronize",
+    "Event", "Stream", "StreamContext", "current_device", "current_stream", "default_stream", "device",
+    "device_count", "device_of", "empty_cache", "get_amp_supported_dtype", "get_device_capability",
+    "get_device_name", "get_device_properties", "get_per_process_memory_fraction", "get_rng_state",
+    "get_rng_state_all", "init", "initial_seed", "is_available", "is_bf16_supported", "is_initialized",
+    "is_jit_compile_false", "manual_seed", "manual_seed_all", "matmul", "max_memory_allocated", "max_memory_cached",
+    "max_memory_reserved", "mem_get_info", "memory_allocated", "memory_cached", "memory_reserved",
+    "memory_snapshot", "memory_stats", "memory_stats_as_nested_dict", "memory_summary",
+    "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
+    "reset_peak_memory_stats", "seed", "seed_all", "set_compile_mode", "set_device",
+    "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
 ]
