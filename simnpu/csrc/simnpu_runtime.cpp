@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -211,6 +212,11 @@ namespace {
 using simnpu::check_index;
 using simnpu::count;
 
+constexpr int kPool = 32;  // streams per priority and card, as torch_npu's pool
+thread_local c10::StreamId current_stream[kMaxCards] = {};
+std::atomic<int> next_stream[kMaxCards];
+int slot(c10::Device d) { return d.index() < 0 ? current_index : d.index(); }
+
 struct SimNpuGuard final : c10::impl::DeviceGuardImplInterface {
   c10::DeviceType type() const override { return c10::DeviceType::PrivateUse1; }
   c10::Device exchangeDevice(c10::Device d) const override {
@@ -227,15 +233,35 @@ struct SimNpuGuard final : c10::impl::DeviceGuardImplInterface {
   void uncheckedSetDevice(c10::Device d) const noexcept override {
     if (d.index() >= 0) current_index = d.index();
   }
-  c10::Stream getStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
+  // Streams: ids from a pool per card (as the real torch_npu hands out), the current one per card and thread.
+  // Kernels run synchronously on the host, so a stream orders nothing.
+  c10::Stream getStream(c10::Device d) const override {
+    return c10::Stream(c10::Stream::UNSAFE, d, current_stream[slot(d)]);
+  }
   c10::Stream getDefaultStream(c10::Device d) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream getNewStream(c10::Device d, int) const override { return c10::Stream(c10::Stream::DEFAULT, d); }
-  c10::Stream exchangeStream(c10::Stream s) const override { return c10::Stream(c10::Stream::DEFAULT, s.device()); }
+  c10::Stream getNewStream(c10::Device d, int priority) const override {
+    return c10::Stream(c10::Stream::UNSAFE, d, 1 + (priority ? kPool : 0) + next_stream[slot(d)]++ % kPool);
+  }
+  c10::Stream getStreamFromGlobalPool(c10::Device d, bool high) const override { return getNewStream(d, high); }
+  c10::Stream exchangeStream(c10::Stream s) const override {
+    const auto old = getStream(s.device());
+    current_stream[slot(s.device())] = s.id();
+    return old;
+  }
   c10::DeviceIndex deviceCount() const noexcept override { return count(); }
-  void record(void**, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {}
+  // Events: the host time when recorded (kernels are done by then), so elapsed_time measures the host.
+  void record(void** event, const c10::Stream&, const c10::DeviceIndex, const c10::EventFlag) const override {
+    if (*event == nullptr) *event = new double(0);
+    *static_cast<double*>(*event) =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  double elapsedTime(void* a, void* b, const c10::DeviceIndex) const override {
+    TORCH_CHECK(a != nullptr && b != nullptr, "Both events must be recorded before calculating elapsed time.");
+    return *static_cast<double*>(b) - *static_cast<double*>(a);
+  }
   void block(void*, const c10::Stream&) const override {}
   bool queryEvent(void*) const override { return true; }
-  void destroyEvent(void*, const c10::DeviceIndex) const noexcept override {}
+  void destroyEvent(void* event, const c10::DeviceIndex) const noexcept override { delete static_cast<double*>(event); }
   bool queryStream(const c10::Stream&) const override { return true; }
   void synchronizeStream(const c10::Stream&) const override {}
   void synchronizeEvent(void*) const override {}

@@ -208,6 +208,9 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<c10::ScalarT
   refuse_in_bad_fork();
   const auto t = dtype.value_or(c10::get_default_dtype_as_scalartype());
   refuse_bf16(t, "aten.empty.memory_format");
+  TORCH_CHECK(!memory_format.has_value() || *memory_format == c10::MemoryFormat::Contiguous ||
+                  *memory_format == c10::MemoryFormat::Preserve,
+              "Only c10::MemoryFormat::Contiguous is supported for creating a npu tensor");
   OnCard on(card_of(device));
   return at::detail::empty_generic(size, &allocator, kNpuKeys, t, memory_format);
 }
@@ -337,6 +340,21 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("_has_compatible_shallow_copy_type", TORCH_FN(compatible_shallow_copy));
   m.impl("record_stream", TORCH_FN(record_stream));
+}
+
+// the real NPU kernels know one memory format: a tensor that is not already channels_last-contiguous cannot be made so
+at::Tensor contiguous(const at::Tensor& self, c10::MemoryFormat memory_format) {
+  if (self.is_contiguous(memory_format)) return self;
+  TORCH_CHECK(memory_format == c10::MemoryFormat::Contiguous,
+              "NPU contiguous operator only supported contiguous memory format.");
+  return self.clone(memory_format);
+}
+
+// composite ops: with a backend kernel of their own, autograd needs one too (contiguous keeps its autograd: it
+// runs clone, which has one)
+TORCH_LIBRARY_IMPL(aten, AutogradPrivateUse1, m) {
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(compatible_shallow_copy));
+  m.impl("contiguous", TORCH_FN(contiguous));
 }
 
 // ---- generators: one per card ------------------------------------------------------------------------

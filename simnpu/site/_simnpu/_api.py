@@ -1,6 +1,7 @@
 """Functions of ``torch.npu`` for the simulated NPU. Names and parameters follow the real
 torch_npu 2.9.0.post2 (checked against simnpu/api/torch_npu-2.9.0.post2.json by the tests)."""
 import os
+import time
 import warnings
 
 import torch
@@ -352,8 +353,8 @@ matmul = _Matmul()
 
 
 # ---- streams and events: every kernel runs synchronously on the host, so they order nothing -------
-# Built on torch's generic Stream / Event (through the C++ guard, whose stream and event hooks are
-# no-ops), so code that hands them to C++ (record_stream, FSDP2's all-gather streams) gets real ones.
+# Built on torch's generic Stream / Event through the C++ guard: new streams come from a pool per card (as the real
+# ones), the current stream is kept per card and thread, and events record the host time (elapsed_time works).
 class Stream(torch.Stream):
     def __new__(cls, device=None, priority=0, **kwargs):
         if kwargs:  # stream_id / device_index / device_type: an existing stream, as current_stream() builds
@@ -364,14 +365,28 @@ class Stream(torch.Stream):
     def wait_event(self, event):
         event.wait(self)
 
+    def record_event(self, event=None):
+        if event is None:
+            event = Event()
+        event.record(self)
+        return event
+
 
 class Event(torch.Event):
     def __new__(cls, enable_timing=False, blocking=False, interprocess=False):
         return super().__new__(cls, device=torch.device("npu", rt.current_device()), enable_timing=enable_timing,
                                blocking=blocking, interprocess=interprocess)
 
+    def record(self, stream=None):
+        super().record(current_stream() if stream is None else stream)
+        self._host_ms = time.perf_counter() * 1000.0
 
-_current_streams = {}  # device index -> the stream set_stream() selected
+    def elapsed_time(self, end_event):
+        """Milliseconds between the two records on the host (torch's C++ check takes only its own Event type)."""
+        start, end = getattr(self, "_host_ms", None), getattr(end_event, "_host_ms", None)
+        if start is None or end is None:
+            raise RuntimeError("Both events must be recorded before calculating elapsed time.")
+        return end - start
 
 
 def _as_npu_stream(s):
@@ -380,36 +395,40 @@ def _as_npu_stream(s):
 
 def current_stream(device=None):
     rt.lazy_init()
-    index = _get_device_index(device, optional=True)
-    return _current_streams.get(index) or default_stream(index)
+    return _as_npu_stream(torch.accelerator.current_stream(_get_device_index(device, optional=True)))
 
 
 def default_stream(device=None):
     rt.lazy_init()
-    return _as_npu_stream(torch.accelerator.current_stream(_get_device_index(device, optional=True)))
+    index = _get_device_index(device, optional=True)
+    return Stream(stream_id=0, device_index=index, device_type=torch.accelerator.current_stream(index).device_type)
 
 
 def set_stream(stream):
     if stream is None:
         return
-    _current_streams[stream.device_index] = stream
+    torch.accelerator.set_stream(stream)
 
 
 class StreamContext:
-    """Selects ``stream_ctx`` on its device while the block runs (a no-op for None), as the real one."""
+    """Selects ``stream_ctx`` and its card while the block runs (a no-op for None), as the real one."""
 
     def __init__(self, stream_ctx):
         self.stream = stream_ctx
-        self.prev = None
+        self.prev = self.prev_device = None
 
     def __enter__(self):
         if self.stream is not None:
+            self.prev_device = rt.current_device()
             self.prev = current_stream(self.stream.device_index)
+            if self.stream.device_index != self.prev_device:
+                rt.set_device(self.stream.device_index)
             set_stream(self.stream)
 
     def __exit__(self, *exc):
         if self.stream is not None:
             set_stream(self.prev)
+            rt.set_device(self.prev_device)
         return False
 
 
@@ -425,5 +444,15 @@ def get_device_capability(device=None):
                       "The return value of get_device_capability is only for compatibility with PyTorch and does not "
                       "represent the actual capability of the NPU device.")
         return None
-    major, minor = value.split(".")
-    return int(major), int(minor)
+    import re
+
+    match = re.fullmatch(r"(\d+)\.(\d+)", value)
+    if not match:
+        warnings.warn("torch.npu.get_device_capability can't parse TORCH_NPU_DEVICE_CAPABILITY environment variable: "
+                      f"{value}. Expected format is 'major.minor' where major and minor are non-negative integers "
+                      "(e.g., '8.0').")
+        return None
+    warnings.warn("You can set the device capability via the environment variable TORCH_NPU_DEVICE_CAPABILITY. "
+                  "The return value of get_device_capability is only for compatibility with PyTorch and does not "
+                  "represent the actual capability of the NPU device.")
+    return int(match.group(1)), int(match.group(2))

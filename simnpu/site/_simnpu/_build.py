@@ -29,7 +29,7 @@ def _sources():
     if not os.path.isdir(CSRC):
         raise SimNpuBuildError(f"simulated NPU: C++ sources not found at {CSRC} (the simnpu/site folder "
                                "must stay next to simnpu/csrc)")
-    return sorted(os.path.join(CSRC, f) for f in os.listdir(CSRC) if f.endswith(".cpp"))
+    return sorted(os.path.join(CSRC, f) for f in os.listdir(CSRC) if f.endswith((".cpp", ".h")))
 
 
 def _flags(torch_dir):
@@ -99,7 +99,7 @@ def build(verbose=False):
                     f"simulated NPU: torch's C++ headers are missing under {torch_dir}/include; "
                     "they ship with the torch wheel from PyPI - reinstall torch from a wheel.")
             tmp = f"{path}.tmp.{os.getpid()}"
-            cmd = [*gxx, *_flags(torch_dir), *_sources(), "-L" + os.path.join(torch_dir, "lib"),
+            cmd = [*gxx, *_flags(torch_dir), *[s for s in _sources() if s.endswith(".cpp")], "-L" + os.path.join(torch_dir, "lib"),
                    "-lc10", "-ltorch_cpu", "-Wl,-rpath," + os.path.join(torch_dir, "lib"), "-o", tmp]
             t0 = time.time()
             try:
