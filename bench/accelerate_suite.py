@@ -87,8 +87,8 @@ KNOWN: dict[str, str] = {}
 # with a repro, in simnpu/README.md, "What it cannot tell"): node id -> the difference.
 GAPS: dict[str, str] = {
     "tests/test_big_modeling.py::BigModelingTester::test_dispatch_model_multi_devices_compile_fullgraph":
-        "torch.compile's default backend (inductor) has no code generator for npu on the stand-in; torch_npu "
-        "registers its own",
+        "torch.compile (inductor) of a model dispatched over two cards: the stand-in lends inductor the CPU's code "
+        "generator, whose buffers carry no card index (one card compiles); torch_npu registers its own generator",
 }
 
 

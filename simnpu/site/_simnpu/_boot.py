@@ -15,3 +15,6 @@ def finish(torch_npu):
     _hccl.register()
     from torch.utils.checkpoint import DefaultDeviceType
     DefaultDeviceType.set_device_type("npu")
+    from . import _inductor
+
+    _inductor.install()
