@@ -725,6 +725,18 @@ def test_a_card_runs_out_of_memory_past_the_fraction_with_the_real_message(work)
     assert "summary True True 1" in out and "refused TypeError" in out and "refused ValueError" in out, out
 
 
+def test_alloc_conf_is_validated_like_the_real_allocator(work):
+    """PYTORCH_NPU_ALLOC_CONF is read at the first allocation with the real allocator's messages; valid options
+    run (they change nothing on the simulation)."""
+    code = "import torch; torch.ones(1, device='npu'); print('allocated')"
+    for conf, said in [("max_split_size_mb:128,garbage_collection_threshold:0.6", "allocated"),
+                       ("bogus:1", "Unrecognized CachingAllocator option: bogus"),
+                       ("max_split_size_mb:10", "CachingAllocator option max_split_size_mb too small, must be > 20"),
+                       ("expandable_segments:yes", "Expected a single True/False argument for expandable_segments")]:
+        r = py(code, sim_env(work, PYTORCH_NPU_ALLOC_CONF=conf), work)
+        assert said in r.stdout, (conf, r.stdout)
+
+
 def test_grad_scaler_keeps_one_overflow_flag_per_iteration_like_torch_npu(work):
     """Item 6: once an optimizer's gradients overflow, later optimizers of the iteration skip too (torch's own
     scaler decides per optimizer), and scale() refuses a CPU tensor."""

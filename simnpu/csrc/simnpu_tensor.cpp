@@ -133,10 +133,81 @@ c10::DataPtr npu_data(c10::DataPtr&& host, int64_t n, int dev) {
   return c10::DataPtr(data, new Held{std::move(host), n, dev}, &free_held, c10::Device(kNpu, dev));
 }
 
+// PYTORCH_NPU_ALLOC_CONF, read at the first allocation and validated with the real allocator's messages
+// (NPUAllocatorConfig.cpp). The options are accepted and change nothing here (simnpu/README.md says so).
+void check_alloc_conf() {
+  const char* env = std::getenv("PYTORCH_NPU_ALLOC_CONF");
+  if (env == nullptr) return;
+  std::vector<std::string> tok;  // the real lexer: split on , : [ ] and drop spaces
+  std::string cur;
+  for (const char* c = env; *c; ++c) {
+    if (*c == ',' || *c == ':' || *c == '[' || *c == ']') {
+      if (!cur.empty()) tok.push_back(cur);
+      tok.push_back(std::string(1, *c));
+      cur.clear();
+    } else if (*c != ' ') {
+      cur += *c;
+    }
+  }
+  if (!cur.empty()) tok.push_back(cur);
+  auto value = [&](size_t i, const char* name) -> std::string {
+    TORCH_CHECK(i + 1 < tok.size() && tok[i + 1] == ":", "Error parsing CachingAllocator settings, expected :");
+    TORCH_CHECK(i + 2 < tok.size(), "Error, expecting ", name, " value");
+    return tok[i + 2];
+  };
+  auto is_int = [](const std::string& v) { return !v.empty() && v.find_first_not_of("0123456789") == std::string::npos; };
+  bool expandable = false, split_or_gc = false;
+  for (size_t i = 0; i < tok.size(); ++i) {
+    const std::string& key = tok[i];
+    if (key == ",") continue;
+    if (key == "max_split_size_mb") {
+      const std::string v = value(i, "max_split_size_mb");
+      TORCH_CHECK(is_int(v), "CachingAllocator option max_split_size_mb is invalid.");
+      TORCH_CHECK(std::stoll(v) > 20, "CachingAllocator option max_split_size_mb too small, must be > ", 20);
+      split_or_gc = true;
+    } else if (key == "garbage_collection_threshold") {
+      const double v = std::atof(value(i, "garbage_collection_threshold").c_str());
+      TORCH_CHECK(v > 0, "garbage_collect_threshold too small, set it 0.0~1.0");
+      TORCH_CHECK(v < 1.0, "garbage_collect_threshold too big, set it 0.0~1.0");
+      split_or_gc = true;
+    } else if (key == "expandable_segments" || key == "pin_memory_expandable_segments" ||
+               key == "pinned_mem_register" || key == "pinned_use_background_threads" ||
+               key == "multi_stream_lazy_reclaim") {
+      const std::string v = value(i, key.c_str());
+      TORCH_CHECK(v == "True" || v == "False", "Expected a single True/False argument for ", key);
+      if (key == "expandable_segments") expandable = v == "True";
+    } else if (key == "base_addr_aligned_kb") {
+      const std::string v = value(i, "base_addr_aligned_kb");
+      TORCH_CHECK(is_int(v), "CachingAllocator option base_addr_aligned_kb is invalid.");
+      TORCH_CHECK(std::stoll(v) <= 16, "CachingAllocator option base_addr_aligned_kb error, must be [0~16], dtype is int");
+    } else if (key == "segment_size_mb") {
+      const std::string v = value(i, "segment_size_mb");
+      TORCH_CHECK(is_int(v) && std::stoll(v) >= 20 && std::stoll(v) <= 512,
+                  "CachingAllocator option segment_size_mb error, must be [20, 512], dtype is int");
+    } else if (key == "page_size") {
+      const std::string v = value(i, "page_size");
+      TORCH_CHECK(v == "1g", "Unsupported page_size value: ", v);
+    } else if (key == "roundup_power2_divisions") {
+      size_t j = i + 2;  // a number, or a [..] list: taken as written
+      if (j < tok.size() && tok[j] == "[") while (j < tok.size() && tok[j] != "]") ++j;
+      i = j;
+      continue;
+    } else {
+      TORCH_CHECK(false, "Unrecognized CachingAllocator option: ", key);
+    }
+    i += 2;
+  }
+  TORCH_CHECK(!(expandable && split_or_gc),
+              "`max_split_size_mb` or `garbage_collection_threshold`, cannot be enabled with `expandable_segments`, "
+              "please set `expandable_segments` to `False`.");
+}
+
 struct Allocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
     const int dev = simnpu::current();
     simnpu::touch(dev);
+    static const bool conf_checked = (check_alloc_conf(), true);
+    (void)conf_checked;
     count_alloc(dev, static_cast<int64_t>(n));
     c10::DataPtr host;
     try {
