@@ -689,6 +689,8 @@ at::Tensor host_alias_op(const at::Tensor& t) { return host_alias(t); }
 
 TORCH_LIBRARY(simnpu, m) { m.def("host_alias(Tensor self) -> Tensor"); }
 TORCH_LIBRARY_IMPL(simnpu, PrivateUse1, m) { m.impl("host_alias", TORCH_FN(host_alias_op)); }
+// torch 2.9 has no autograd fallback for PrivateUse1: an op of another namespace needs its own (its callers detach)
+TORCH_LIBRARY_IMPL(simnpu, AutogradPrivateUse1, m) { m.impl("host_alias", TORCH_FN(host_alias_op)); }
 
 }  // namespace
 
