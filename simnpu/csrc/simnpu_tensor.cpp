@@ -18,10 +18,12 @@
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <c10/core/CPUAllocator.h>
+#include <torch/csrc/autograd/autograd_not_implemented_fallback.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -684,13 +686,24 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&npu_fallback>());
 }
 
+// Autograd of ops with no formula of their own (other namespaces: fsdp::, simnpu::, ...): torch 2.9 registers a
+// fallback for the built-in backends' autograd keys but not for AutogradPrivateUse1 (a backend brings its own, as
+// torch_npu does); later torch has one, and a second would be refused.
+struct AutogradFallback {
+  std::unique_ptr<torch::Library> lib;
+  AutogradFallback() {
+    if (c10::Dispatcher::singleton().hasBackendFallbackForDispatchKey(c10::DispatchKey::AutogradPrivateUse1)) return;
+    lib = std::make_unique<torch::Library>(torch::Library::IMPL, "_", c10::DispatchKey::AutogradPrivateUse1,
+                                           __FILE__, __LINE__);
+    lib->fallback(torch::autograd::basicAutogradNotImplementedFallback());
+  }
+} autograd_fallback;
+
 // simnpu::host_alias: a CPU tensor over an npu tensor's bytes (the hccl group runs gloo on it)
 at::Tensor host_alias_op(const at::Tensor& t) { return host_alias(t); }
 
 TORCH_LIBRARY(simnpu, m) { m.def("host_alias(Tensor self) -> Tensor"); }
 TORCH_LIBRARY_IMPL(simnpu, PrivateUse1, m) { m.impl("host_alias", TORCH_FN(host_alias_op)); }
-// torch 2.9 has no autograd fallback for PrivateUse1: an op of another namespace needs its own (its callers detach)
-TORCH_LIBRARY_IMPL(simnpu, AutogradPrivateUse1, m) { m.impl("host_alias", TORCH_FN(host_alias_op)); }
 
 }  // namespace
 
