@@ -96,10 +96,6 @@ def _failed(exc: LaunchError, written: commands.WrittenCommand) -> Result:
 def run_written(text: str) -> Result:
     """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
     written = commands.parse(text)
-    if written.argv[:2] == ["accelerate", "launch"]:
-        # the launch rule has no bypass: as written, on a CPU this starts one process whatever --num_processes says
-        print("[nbtools] `%cmd accelerate launch` 按 `%launch` 的规则运行：启动方式由本机的设备决定（见下面的 why 行）")
-        return run_launch(text)
     if written.background:
         raise ParameterError("--background is a %launch option (a launch that keeps running while the notebook goes on)")
     info, device, timeout, timeout_name = _context()

@@ -253,20 +253,6 @@ def test_written_cpu_launch_starts_num_processes_ranks(ip, tmp_path, monkeypatch
     assert "ACCELERATE_USE_CPU=1" in r.command and "--multi_gpu" in r.command
 
 
-def test_cmd_accelerate_launch_takes_the_launch_rule_too(ip, tmp_path, monkeypatch, capsys):
-    """`%cmd accelerate launch --num_processes 2` as written starts one process on a CPU (05's trap): %cmd gives an
-    accelerate launch to %launch, so the written 2 ranks run and the cell says why."""
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "w.py").write_text("from accelerate import Accelerator\nacc = Accelerator()\n"
-                                   "acc.print(f'world={acc.num_processes}')\nacc.end_training()\n")
-    if nbtools.detect().kind != "cpu":
-        pytest.skip("checks the CPU route (as written, one process)")
-    assert run_cell(ip, "r_c = %cmd accelerate launch --num_processes 2 w.py") is None
-    r = ip.user_ns["r_c"]
-    assert r.kv == {"world": "2"} and r.plan.num_processes == 2, r.output
-    assert "`%cmd accelerate launch` 按 `%launch` 的规则运行" in capsys.readouterr().out
-
-
 def test_an_fsdp_config_under_the_cpu_route_runs_ddp_as_the_why_line_says(ip, tmp_path, monkeypatch):
     """The why line's claim, held on the installed Accelerate: with ACCELERATE_USE_CPU=1 an FSDP config runs DDP."""
     if nbtools.detect().kind != "cpu":
