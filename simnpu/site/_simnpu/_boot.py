@@ -2,7 +2,7 @@
 import torch
 
 # _runtime builds and loads the C++ guard/hooks; _tensor renames PrivateUse1 to "npu" and registers
-# kernels, autocast and the load patch; _hccl imports both first, so the order is always that one.
+# Python kernels (autocast, functional collectives); _hccl imports both first, so the order is always that one.
 from . import _hccl, _runtime, _tensor  # noqa: F401
 
 

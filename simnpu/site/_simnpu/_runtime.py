@@ -34,10 +34,6 @@ def device_count():
     return LIB.simnpu_device_count()
 
 
-def physical_id(i):
-    return LIB.simnpu_physical_id(i)
-
-
 def current_device():
     return LIB.simnpu_current_device()
 

@@ -5,19 +5,9 @@ autocast's policy and the functional collectives' kernels."""
 import torch
 from torch.utils._pytree import tree_map
 
-from . import _runtime as rt
+from . import _runtime  # noqa: F401  (the C++ part, loaded first: host_alias and the kernels are its)
 
 torch.utils.rename_privateuse1_backend("npu")
-
-
-def npu_device(d=None):
-    """Normalise ``d`` to ``torch.device('npu', i)``."""
-    if d is None:
-        return torch.device("npu", rt.current_device())
-    if isinstance(d, int):
-        return torch.device("npu", d)
-    d = torch.device(d)
-    return torch.device("npu", rt.current_device() if d.index is None else d.index)
 
 
 def host(t):
