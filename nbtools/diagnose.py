@@ -28,6 +28,8 @@ HINTS = (
         "--main_process_port (nbtools.accelerate_launch picks one itself)",
     ),
     ("libhccl.so", f"CANN's libraries are not loaded: {CANN_FIX}"),
+    ("out of memory. Tried to allocate", "the card, or this process's share of it (set_per_process_memory_fraction), "
+     "is full: a smaller batch, or shard the model (08_sharding: FSDP2, ZeRO-3)"),
     (
         "Cannot re-initialize NPU in forked subprocess",
         "the NPU was initialised in this kernel before notebook_launcher forked: restart the kernel "
@@ -173,8 +175,11 @@ def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -
         else f"command exited 0 but its output holds the error marker {found[0]!r} ({result.duration_s:.1f} s)"
     )
     rank = failing_rank(result.output)
-    if rank is not None and _rank_lines(result.output, rank):
-        detail = f"Rank {rank} failed first; its last lines:\n{_rank_lines(result.output, rank)}"
+    mine = _rank_lines(result.output, rank) if rank is not None else ""
+    error = re.findall(r"^\s*\[rank\d+\]:\s*((?:[\w.]+\.)?\w*(?:Error|Exception): .*)$", mine, re.MULTILINE)
+    head += f" -- rank {rank}: {error[-1][:200]}" if error else ""  # the exception, in the reason a report shows
+    if mine:
+        detail = f"Rank {rank} failed first; its last lines:\n{mine}"
     else:
         detail = f"Last lines of the output:\n{_tail(result.output)}"
     if result.killed:

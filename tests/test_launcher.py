@@ -74,6 +74,7 @@ def test_a_crashing_rank_fails_fast_with_its_traceback_and_leaves_nothing(worker
     assert time.monotonic() - start < 60
     msg = str(err.value)
     assert "Rank 1 failed first" in msg and "RuntimeError: boom on rank 1" in msg
+    assert msg.splitlines()[0].endswith("-- rank 1: RuntimeError: boom on rank 1")  # the reason a report shows
     assert err.value.result.returncode != 0
     assert wait_gone(str(worker)) == []
 
