@@ -103,9 +103,7 @@ def weights_shown_on(target: str, device_map: Mapping[str, object]) -> str:
     """
     main_is_accelerator = any(str(d) not in ("cpu", "disk") for d in device_map.values())
     target = str(target)
-    if target == "disk" or (target == "cpu" and main_is_accelerator):
-        return "meta"
-    return target
+    return "meta" if target == "disk" or (target == "cpu" and main_is_accelerator) else target
 
 
 def program_device_map(text: str) -> dict:

@@ -5,7 +5,7 @@ A notebook cell shows the quick-start's command exactly (``python ...``, ``uv pi
 (another interpreter on PATH, no NPU, no ``uv``), so each rule below rewrites one thing and says
 why in one line. Only these rules exist: there is no general rewriter.
 
-- ``parse``: options (``--timeout S``, ``--allow-fail``, ``--online``, ``--background``), ``NAME=VALUE`` prefixes, argv;
+- ``parse``: options (``--timeout S``, ``SWITCHES``), ``NAME=VALUE`` prefixes, argv;
   a command may span lines (quotes over newlines, backslash-newline continuations).
 - ``command_here``: the real argv/env of a command (``%cmd``).
 - ``dispatch_rule``: the quick-start's dispatch program (``python -c``) with its two devices on this machine.
@@ -64,6 +64,7 @@ class WrittenCommand:
     allow_fail: bool = False
     online: bool = False
     background: bool = False  # %launch --background: started, not waited for (launcher.Background)
+    as_written: bool = False  # %cmd --as-written accelerate launch: the line without the launch rule (05's trap)
 
 
 @dataclass
@@ -112,18 +113,18 @@ def split(text: str) -> list[str]:
         raise ParameterError(f"cannot parse the command ({exc}): {text.strip()[:200]}") from None
 
 
+# The options without a value, in WrittenCommand's field order; --background is %launch's, --as-written %cmd's
+SWITCHES = ("--allow-fail", "--online", "--background", "--as-written")
+
+
 def parse(text: str) -> WrittenCommand:
     """Options, env prefix and argv of a written command."""
     words = split(text)
-    timeout, allow_fail, online, background = None, False, False, False
+    timeout, switches = None, dict.fromkeys(SWITCHES, False)
     while words and words[0].startswith("--"):
         opt = words.pop(0)
-        if opt == "--allow-fail":
-            allow_fail = True
-        elif opt == "--background":
-            background = True
-        elif opt == "--online":
-            online = True
+        if opt in switches:
+            switches[opt] = True
         elif opt == "--timeout" or opt.startswith("--timeout="):
             value = opt.split("=", 1)[1] if "=" in opt else (words.pop(0) if words else "")
             try:
@@ -132,21 +133,22 @@ def parse(text: str) -> WrittenCommand:
             except (ValueError, AssertionError):
                 raise ParameterError(f"--timeout {value!r}: expected a number of seconds > 0") from None
         else:
-            raise ParameterError(f"unknown option {opt!r}; accepted before the command: --timeout S, --allow-fail, --online, --background (%launch)")
+            raise ParameterError(f"unknown option {opt!r}; accepted before the command: --timeout S, "
+                                 f"{', '.join(SWITCHES)}")
     env: dict[str, str] = {}
     while words and _ENV_ASSIGN.match(words[0]):
         name, value = words.pop(0).split("=", 1)
         env[name] = value
     if not words:
         raise ParameterError("no command given (e.g. `%cmd python --version`)")
-    return WrittenCommand(_written_text(text), env, words, timeout, allow_fail, online, background)
+    return WrittenCommand(_written_text(text), env, words, timeout, *switches.values())
 
 
 def _written_text(text: str) -> str:
     """The text as written minus the leading nbtools options (kept verbatim otherwise)."""
     rest = text.strip()
     while True:
-        m = re.match(r"(--allow-fail|--online|--background|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
+        m = re.match(r"(--allow-fail|--online|--background|--as-written|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
         if not m:
             return rest
         rest = rest[m.end():]
@@ -155,9 +157,7 @@ def _written_text(text: str) -> str:
 def _quote(word: str) -> str:
     """Shell quoting that keeps a ``python -c`` program readable: double quotes where they suffice."""
     plain = shlex.quote(word)
-    if plain == word or any(c in word for c in '"\\$`'):
-        return plain
-    return f'"{word}"'
+    return plain if plain == word or any(c in word for c in '"\\$`') else f'"{word}"'
 
 
 def shell_line(argv: list[str], env: dict[str, str | None] | None = None) -> str:
@@ -277,6 +277,10 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
         argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *argv[2 if prog == "uv" else 1:]]
         real.why.append(f"{'这里没有 uv：`uv pip`' if prog == 'uv' else '`pip`'} 换成内核自己的 pip，包装进这个 notebook 运行的环境")
     elif prog == "accelerate":
+        if argv[1:2] == ["launch"] and not written.as_written:
+            raise ParameterError("%cmd has no launch rule (on a CPU `accelerate launch --num_processes 2` starts ONE "
+                                 "process): write `%launch accelerate launch ...`, or `%cmd --as-written accelerate "
+                                 "launch ...`")
         argv[0] = executable("accelerate")
         real.why.append("`accelerate` 换成内核所在环境里的命令")
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
@@ -300,6 +304,7 @@ class LaunchCall:
     written: WrittenCommand | None = None  # the whole command as written: its options (--timeout, --background, ...)
     config_file: str | None = None  # the learner's own --config_file, honoured as `accelerate launch` does
     config: dict = field(default_factory=dict)  # what that file says
+    plan_flags: dict = field(default_factory=dict)  # written flags the plan decides (PLAN_FLAGS): launch_spec says how
 
     @classmethod
     def of(cls, script: str, *script_args: str, num_processes: int = 2, mixed_precision: str = "no",
@@ -358,7 +363,7 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
     visible = env.pop(CUDA_VAR, visible)
     precision = flags.get("--mixed_precision") or config.get("mixed_precision") or "no"
     return LaunchCall(words[i], words[i + 1 :], num_processes, str(precision), extra, env, visible, written,
-                      config_file, config)
+                      config_file, config, {k: v for k, v in flags.items() if k in PLAN_FLAGS})
 
 
 def read_launch_config(path: str) -> dict:

@@ -80,6 +80,9 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     script, so that the user's default config is never read), removes this environment's ACCELERATE_*
     variables, and says why in one line.
     """
+    written = call.plan_flags  # --cpu means device="cpu"; a written port is used; the others are the plan's
+    device = "cpu" if "--cpu" in written else device
+    port = port if port is not None or "--main_process_port" not in written else int(written["--main_process_port"])
     info = validate(device=device, num_processes=call.num_processes, mixed_precision=call.mixed_precision,
                     timeout_s=timeout, info=info)
     plan = info.plan(call.num_processes, device)
@@ -98,7 +101,11 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     if var and call.written_visible is not None and call.written_visible != plan.env.get(var):
         why.append(f"{plan.num_processes} 个进程的计划用卡 {plan.env.get(var)}")
     if plan.num_processes > 1 and call.written is not None:
-        why.append("用一个空闲的会合端口代替 29500")
+        why.append(f"照写的会合端口 {port}" if "--main_process_port" in written else "用一个空闲的会合端口代替 29500")
+    if "--cpu" in written:
+        why.append("照写的 --cpu：在 CPU 上运行")
+    if replaced := [k for k in written if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
+        why.append(f"你写的 {' '.join(replaced)} 由本机的启动计划决定")
     why.append(_config_why(call, plan))
     return LaunchSpec(plan, call, (*run_env.items(), *((k, None) for k in unset)), (*config_flags, *call.extra_flags),
                       "；".join(w for w in why if w), tuple(notes), timeout, folder, port)

@@ -45,9 +45,7 @@ def _value(text: str):
         return None
     if re.fullmatch(r"-?\d+", text):
         return int(text)
-    if re.fullmatch(r"-?\d+\.\d*", text):
-        return float(text)
-    return text
+    return float(text) if re.fullmatch(r"-?\d+\.\d*", text) else text
 
 
 def _key(header: str) -> str:

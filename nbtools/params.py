@@ -250,9 +250,7 @@ def convert_parameter(name: str, value, default, notebook: str = ""):
             return float(text)
         except ValueError:
             raise refuse("a number (e.g. 0.5)") from None
-    if isinstance(default, str):
-        return value
-    return _parse_value(value)
+    return value if isinstance(default, str) else _parse_value(value)
 
 
 def convert_parameters(parameters: dict, defaults: dict, notebook: str = "") -> dict:

@@ -51,9 +51,7 @@ SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if h
 
 def default_notebooks_dir() -> Path:
     here = Path.cwd() / "notebooks"
-    if here.is_dir():
-        return here
-    return Path(__file__).resolve().parent.parent / "notebooks"
+    return here if here.is_dir() else Path(__file__).resolve().parent.parent / "notebooks"
 
 
 def discover(paths: list[str] | None = None) -> list[Path]:

@@ -132,6 +132,20 @@ def test_launch_why_names_the_reason_of_each_machine(tmp_path):
     assert "CUDA_VISIBLE_DEVICES" in why(call, CUDA2, tmp_path)
 
 
+def test_written_plan_flags_are_honoured_or_named(tmp_path):
+    """--cpu means device='cpu' (on a 2-NPU host too); a written port is used and reported; any other flag the plan
+    decides is named in the why line, never dropped silently."""
+    spec = launcher.launch_spec(commands.parse_launch("accelerate launch --cpu --num_processes 2 t.py"), info=info(NPU2),
+                                cwd=tmp_path)
+    assert spec.plan.kind == "cpu" and spec.plan.num_processes == 2 and "照写的 --cpu：在 CPU 上运行" in spec.why
+    assert "ACCELERATE_USE_CPU=1" in spec.shown(None)
+    spec = launcher.launch_spec(commands.parse_launch("accelerate launch --num_processes 2 --main_process_port 29501 "
+                                                      "--dynamo_backend inductor t.py"), info=info(NPU2), cwd=tmp_path)
+    assert spec.port == 29501 and spec.next_port() == 29501 and "--main_process_port 29501" in spec.shown(spec.next_port())
+    assert "照写的会合端口 29501" in spec.why and "代替 29500" not in spec.why
+    assert "你写的 --dynamo_backend 由本机的启动计划决定" in spec.why
+
+
 def test_the_why_line_follows_the_plan(tmp_path, monkeypatch):
     """The why line is made from the plan's own decisions: change the CPU route and the line follows."""
     call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
@@ -251,6 +265,21 @@ def test_written_cpu_launch_starts_num_processes_ranks(ip, tmp_path, monkeypatch
     assert r.plan.num_processes == 3 and r.plan.backend == "gloo"
     assert r.written.endswith("--num_processes 3 train_npu.py")
     assert "ACCELERATE_USE_CPU=1" in r.command and "--multi_gpu" in r.command
+
+
+def test_cmd_refuses_accelerate_launch_unless_as_written(ip, tmp_path, monkeypatch):
+    """%cmd has no launch rule: a written `accelerate launch` there would start ONE process on a CPU, silently.
+    It is refused with the sentence pointing to %launch; --as-written runs the line as it is (05's trap)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "w.py").write_text("import os\nprint(f\"rank={os.environ.get('RANK', 'none')}\")\n")
+    err = run_cell(ip, "r_c = %cmd accelerate launch --num_processes 2 w.py")
+    assert isinstance(err, ParameterError) and "%launch accelerate launch" in str(err) and "--as-written" in str(err)
+    assert "r_c" not in ip.user_ns  # nothing ran
+    assert run_cell(ip, "r_w = %cmd --as-written accelerate launch --num_processes 2 w.py") is None
+    assert ip.user_ns["r_w"].written == "accelerate launch --num_processes 2 w.py"
+    if nbtools.detect().kind == "cpu":  # the trap itself: one process, no error
+        assert ip.user_ns["r_w"].output.count("rank=") == 1, ip.user_ns["r_w"].output
+    assert run_cell(ip, "r_t = %cmd accelerate --help") is None  # other accelerate commands run as written
 
 
 def test_an_fsdp_config_under_the_cpu_route_runs_ddp_as_the_why_line_says(ip, tmp_path, monkeypatch):
