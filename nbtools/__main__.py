@@ -51,7 +51,8 @@ def _cmd_launch(args) -> int:
     except LaunchError as exc:
         print(f"\nnbtools launch: {exc}", file=sys.stderr)
         return exc.result.returncode if exc.result is not None and exc.result.returncode > 0 else 1
-    print(f"[nbtools] ok in {result.duration_s:.1f} s")
+    simulated = result.plan.kind == "npu" and result.plan.gloo  # the simulated NPU's hccl is gloo underneath
+    print(f"[nbtools] ok in {result.duration_s:.1f} s" + (" on the simulated NPU (not the hardware)" if simulated else ""))
     return 0
 
 

@@ -233,7 +233,10 @@ class DeviceInfo:
             if kind == "cuda":
                 why.append(f"这里是 CUDA：用 {VISIBLE_VARS['cuda']} 代替 {VISIBLE_VARS['npu']}"
                            + ("，并加 --multi_gpu" if mode else ""))
-            note = f"{kind.upper()}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
+            head = SIMULATED if kind == "npu" and self.simulated else kind.upper()
+            note = f"{head}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
+            if kind == "npu" and self.simulated:
+                why.append("模拟的 NPU（在 CPU 上，hccl 走 gloo）：证明代码路径与连线，不证明硬件")
         return LaunchPlan(
             kind=kind, num_processes=n, backend=BACKENDS[kind] if n > 1 else None,
             distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO", env=env, flags=[*mode, *flags],

@@ -87,9 +87,7 @@ def _read_request() -> tuple[str, bool] | None:
         return "the process that started this command is gone (kernel restarted, shut down or killed?)", False
     if b"kill" in data:
         return "kill requested", True
-    if b"stop" in data:
-        return "stop requested", False
-    return None
+    return ("stop requested", False) if b"stop" in data else None
 
 
 def _watch(child: subprocess.Popen) -> tuple[str, bool]:

@@ -206,9 +206,7 @@ def _retry_reason(result: Result, spec: LaunchSpec, abort_reruns: int) -> str | 
         return None
     if spec.port is None and spec.plan.num_processes > 1 and _PORT_IN_USE.search(result.output):
         return "port"
-    if abort_reruns < MAX_ABORT_RERUNS and gloo_exit_abort(result.output, spec.plan):
-        return "abort"
-    return None
+    return "abort" if abort_reruns < MAX_ABORT_RERUNS and gloo_exit_abort(result.output, spec.plan) else None
 
 
 def _retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPlan) -> str:

@@ -173,6 +173,4 @@ def _work_dir(path: str, keep: bool, origin: Path) -> Path:
     make = params.work_dir
     if path:
         return make(path, keep=keep)
-    if unattended():
-        return make("", keep=keep)
-    return make("", keep=keep, persistent=True, base=origin)
+    return make("", keep=keep) if unattended() else make("", keep=keep, persistent=True, base=origin)

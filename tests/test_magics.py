@@ -146,6 +146,14 @@ def test_written_plan_flags_are_honoured_or_named(tmp_path):
     assert "你写的 --dynamo_backend 由本机的启动计划决定" in spec.why
 
 
+def test_a_launch_on_the_simulated_npu_says_so(tmp_path):
+    call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
+    sim = launcher.launch_spec(call, info=info(dict(NPU2, torch_npu="2.9.0.post2+simulated", npu_simulated=True)), cwd=tmp_path)
+    assert "模拟的 NPU" in sim.why and "不证明硬件" in sim.why and sim.plan.note.startswith("NPU (simulated on CPU): 2")
+    real = launcher.launch_spec(call, info=info(NPU2), cwd=tmp_path)
+    assert "模拟" not in real.why and real.plan.note.startswith("NPU: 2")
+
+
 def test_the_why_line_follows_the_plan(tmp_path, monkeypatch):
     """The why line is made from the plan's own decisions: change the CPU route and the line follows."""
     call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
