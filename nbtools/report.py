@@ -21,6 +21,7 @@ here keeps the house acyclic: the reports never import the runner.
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ import nbformat
 
 from .checks import check_ids
 from .commands import shell_line
-from .device import device_line
+from .device import device_line, installed
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
@@ -86,11 +87,8 @@ def _cell(text) -> str:
 
 # templates/index.html.j2 and templates/report.md.j2; only the HTML one is autoescaped.
 TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("nbtools", "templates"),
-    autoescape=jinja2.select_autoescape(["html.j2"]),
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
+    loader=jinja2.PackageLoader("nbtools", "templates"), autoescape=jinja2.select_autoescape(["html.j2"]),
+    trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
     finalize=lambda value: "" if value is None else value,  # a missing value shows as nothing, not 'None'
 )
 TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/": quote(str(text), safe=safe))
@@ -135,18 +133,35 @@ def write_junit(report: RunReport, path: Path) -> None:
         elif c.status == "skipped":
             ET.SubElement(case, "skipped", message=xml_text(c.reason))
     totals = status_counts(report)["junit"]
-    suite.set("tests", str(totals["tests"]))
-    suite.set("failures", str(totals["failures"]))
-    suite.set("skipped", str(totals["skipped"]))
+    for key in ("tests", "failures", "skipped"):
+        suite.set(key, str(totals[key]))
     suite.set("errors", "0")
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def result_record(report: RunReport, environ=os.environ) -> dict:
+    """result.json: the six fields of Ascend's examples-guard result (its result.schema.json), then what ran. A field
+    comes from RESULT_<FIELD> (RESULT_IMAGE, ...), else GitHub's own variable, else it says "unknown", never a guess."""
+    def given(field: str, github: str = "") -> str:
+        return environ.get(f"RESULT_{field.upper()}") or environ.get(github) or "unknown"
+
+    dev, counts = report.device, status_counts(report)
+    return {"trigger": given("trigger", "GITHUB_EVENT_NAME"), "target_repo": given("target_repo", "GITHUB_REPOSITORY"),
+            "target_ref": given("target_ref", "GITHUB_SHA"), "image": given("image"),
+            "path": environ.get("RESULT_PATH") or " ".join(n.path for n in report.notebooks),
+            "job_status": "cancelled" if report.stopped_by else "success" if report.ok else "failure",
+            "source": "project",
+            "device": {k: dev.get(k) for k in ("kind", "count", "names", "simulated")},
+            "versions": {**(dev.get("versions") or {}), "peft": installed("peft"), "deepspeed": installed("deepspeed")},
+            "checks": counts["checks"], "notebooks": counts["notebooks"]}
 
 
 def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     from .report import write_html
 
-    paths = [output_dir / "report.json", output_dir / "report.md", output_dir / "junit.xml"]
+    paths = [output_dir / name for name in ("report.json", "report.md", "junit.xml", "result.json")]
     write_json(report, paths[0])
+    paths[3].write_text(json.dumps(result_record(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     paths[1].write_text(render_markdown(report), encoding="utf-8")
     write_junit(report, paths[2])
     paths.append(write_html(report, output_dir)[0])  # index.html; the notebook pages sit beside it
@@ -170,11 +185,8 @@ def offline_exporter():
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(
-        template_name="lab",
-        template_file=OFFLINE_TEMPLATE_NAME,
-        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})],
-    )
+    return HTMLExporter(template_name="lab", template_file=OFFLINE_TEMPLATE_NAME,
+                        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})])
 
 
 def check_anchors(nb) -> dict[str, str]:
@@ -220,12 +232,7 @@ def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str
     return pages, anchors, notes
 
 
-def render_index(
-    report: RunReport,
-    pages: dict[str, str] | None = None,
-    anchors: dict[str, dict] | None = None,
-    notes: list[str] | None = None,
-) -> str:
+def render_index(report: RunReport, pages: dict | None = None, anchors: dict | None = None, notes=None) -> str:
     """The index page (templates/index.html.j2). ``pages``: notebook path -> rendered page; ``anchors``: check
     cells in them; ``notes``: what could not be rendered."""
     template = TEMPLATES.get_template("index.html.j2")

@@ -131,6 +131,7 @@ def test_signal_to_run_stops_the_kernel_and_its_launch(name, tmp_path):
     assert second["status"] == "not-run" and name in second["error"], second
     assert (out / "00_launch.ipynb").is_file() and (out / "junit.xml").is_file()
     assert f"STOPPED by {name}" in stdout
+    assert json.loads((out / "result.json").read_text(encoding="utf-8"))["job_status"] == "cancelled"  # the guard's word
 
 
 def test_a_cell_deaf_to_interrupts_is_killed_after_the_grace_period(tmp_path):

@@ -215,6 +215,49 @@ def test_junit_counts_match_report_json_and_the_cli(series):
         assert part in said, said
 
 
+# Ascend's examples-guard result (cosdt-ci-test/workflows, .github/workflows/schemas/result.schema.json), as its
+# required fields and enums were read on 2026-12-04; extra fields are allowed.
+RESULT_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "required": ["trigger", "target_repo", "target_ref", "path", "image", "job_status"],
+    "properties": {
+        **{k: {"type": "string", "minLength": 1} for k in ("trigger", "target_repo", "target_ref", "path", "image")},
+        "job_status": {"enum": ["success", "failure", "cancelled"]},
+        "source": {"enum": ["upstream", "project"]},
+    },
+}
+
+
+def test_result_json_has_the_guards_six_fields_and_says_unknown_where_nothing_told_it(series):
+    import jsonschema
+
+    _, out, proc, report = series
+    result = json.loads((out / "result.json").read_text(encoding="utf-8"))
+    jsonschema.validate(result, RESULT_SCHEMA)
+    assert result["job_status"] == "failure" and "result.json" in proc.stdout  # 01 and 02 failed
+    github = {"trigger": "GITHUB_EVENT_NAME", "target_repo": "GITHUB_REPOSITORY", "target_ref": "GITHUB_SHA", "image": ""}
+    for field, var in github.items():  # the run's environment is this test's: derived from it, never assumed
+        assert result[field] == (os.environ.get(f"RESULT_{field.upper()}") or os.environ.get(var) or "unknown"), field
+    assert result["path"] == "00_good.ipynb 01_bad.ipynb 02_exit.ipynb"
+    assert result["device"]["kind"] == report["device"]["kind"] and result["checks"] == report["summary"]["checks"]
+    assert result["versions"]["torch"] == report["device"]["versions"]["torch"] and "deepspeed" in result["versions"]
+
+
+def test_result_json_takes_its_fields_from_github_or_result_variables():
+    from nbtools.report import NotebookResult, RunReport, result_record
+
+    ran = RunReport(device={"kind": "npu", "count": 2, "simulated": True}, notebooks=[NotebookResult("02.ipynb", "passed")])
+    env = {"GITHUB_EVENT_NAME": "schedule", "GITHUB_REPOSITORY": "o/r", "GITHUB_SHA": "abc", "RESULT_IMAGE": "cann:9.1.0",
+           "RESULT_PATH": "notebooks/02.ipynb", "RESULT_TRIGGER": "workflow_dispatch"}
+    got = result_record(ran, env)
+    assert (got["trigger"], got["target_repo"], got["target_ref"], got["image"], got["path"], got["job_status"]) == (
+        "workflow_dispatch", "o/r", "abc", "cann:9.1.0", "notebooks/02.ipynb", "success")
+    assert got["device"] == {"kind": "npu", "count": 2, "names": None, "simulated": True}
+    ran.stopped_by = "SIGINT"
+    assert result_record(ran, {})["job_status"] == "cancelled" and result_record(ran, {})["image"] == "unknown"
+
+
 def test_unknown_parameter_is_refused_before_running(tmp_path):
     make_nb(tmp_path / "00_x.ipynb", [PARAMS])
     proc = run_cli(str(tmp_path), "-p", "num_proceses=2", "--output", str(tmp_path / "o"))
