@@ -167,7 +167,7 @@ def summary(table: dict) -> str:
         lines.append(f"NPU {n.get('id')} chip {n.get('chip')}: {n.get('name')} health={n.get('health')} {hbm}".rstrip())
     if table["processes"]:
         for p in table["processes"]:
-            lines.append(f"  process {p.get('pid')} ({p.get('name')}) on NPU {p.get('npu')}: {p.get('memory_mb')} MB")
+            lines.append(f"  进程 {p.get('pid')}（{p.get('name')}）在 NPU {p.get('npu')} 上：{p.get('memory_mb')} MB")
     else:
-        lines.append("  no running processes")
+        lines.append("  没有运行中的进程")
     return "\n".join(lines)

@@ -155,14 +155,14 @@ def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
     """Remove the work dir unless ``keep``, persistent, or it existed before; returns what was done."""
     p = Path(path).resolve()
     if keep:
-        return f"work folder kept: {p}"
+        return f"工作文件夹已保留：{p}"
     if p in _PERSISTENT:
-        return f"work folder kept (interactive use: cd there to rerun the commands in a terminal): {p}"
+        return f"工作文件夹已保留（交互使用：在终端里 cd 到这里，就能重跑这些命令）：{p}"
     if p not in _CREATED:
-        return f"work folder left in place (it existed before this notebook, so it may hold your files): {p}"
+        return f"工作文件夹原样留下（它在本 notebook 之前就已存在，可能有你的文件）：{p}"
     shutil.rmtree(p, ignore_errors=True)
     _CREATED.discard(p)
-    return f"work folder removed: {p}"
+    return f"工作文件夹已删除：{p}"
 
 
 # --- notebook parameters: what a notebook declares, and `-p NAME=VALUE` converted by its defaults ---

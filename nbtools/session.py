@@ -18,7 +18,7 @@ from .device import DeviceInfo, LaunchPlan, _visible_list
 from .guarded import MARKER_ENV, stop_background
 from .params import cleanup, unattended, validate
 
-NEEDS_REAL_NPU = "needs a real NPU"
+NEEDS_REAL_NPU = "需要真实的 NPU"
 
 _CURRENT: Session | None = None
 
@@ -48,14 +48,14 @@ class Session:
     def only_on_npu(self, what: str) -> str | None:
         """Why a check that only an Ascend card can answer does not run here, or None on a real NPU.
 
-        ``if (why := S.only_on_npu("...")): nbtools.skipped(id, why)``: off NPU "checked only on NPU: ...";
-        on the simulated NPU "needs a real NPU (this one is simulated on CPU): ...", never a pass.
+        ``if (why := S.only_on_npu("...")): nbtools.skipped(id, why)``: off NPU "只在 NPU 上检查：...";
+        on the simulated NPU "需要真实的 NPU（这里的 NPU 是在 CPU 上模拟的）：...", never a pass.
         """
         if self.info.real_npu:
             return None
         if self.info.kind == "npu":
-            return f"{NEEDS_REAL_NPU} (this one is simulated on CPU): {what}"
-        return f"checked only on NPU: {what}"
+            return f"{NEEDS_REAL_NPU}（这里的 NPU 是在 CPU 上模拟的）：{what}"
+        return f"只在 NPU 上检查：{what}"
 
     def time_limit(self, what: str):
         """``with S.time_limit("notebook_launcher"): notebook_launcher(...)``: a call that forks ranks inside
@@ -101,19 +101,19 @@ class Session:
         """Back to the original cwd; remove the work folder if nbtools made it and it is not kept."""
         global _CURRENT
         if self.closed:
-            print(f"session already closed; cwd {Path.cwd()}")
+            print(f"会话已经关闭；当前目录 {Path.cwd()}")
             return
         self.closed = True
         if _CURRENT is self:
             _CURRENT = None
         for pid in stop_launches():
-            print(f"stopped a background launch still running (its guardian was pid {pid})")
+            print(f"停止了一个仍在运行的后台启动（它的守护进程 pid 为 {pid}）")
         try:
             os.chdir(self.origin)
-            back = f"cwd back to {self.origin}"
+            back = f"当前目录已回到 {self.origin}"
         except OSError as exc:
-            back = f"cwd not restored ({exc})"
-        print(f"{cleanup(self.work, self.keep_work_dir)}; {back}")
+            back = f"当前目录没有恢复（{exc}）"
+        print(f"{cleanup(self.work, self.keep_work_dir)}；{back}")
 
     def __repr__(self) -> str:
         return (f"Session(device={self.device!r}, num_processes={self.num_processes}, plan={self.plan.kind}/"

@@ -328,7 +328,7 @@ def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(brows
     assert not saved_errors(seen.saved), f"a fresh clone's 00 in JupyterLab: {saved_errors(seen.saved)}"
     assert all(c.execution_count for c in seen.saved.cells if c.cell_type == "code" and c.source.strip())
     outputs = "".join(o.get("text", "") for c in seen.saved.cells for o in c.get("outputs", []))
-    assert f"this kernel runs: {python}" in outputs, "the notebook did not run in the learner's kernel"
+    assert f"这个内核运行的是： {python}" in outputs, "the notebook did not run in the learner's kernel"
 
 
 SLEEPER = """\

@@ -331,7 +331,7 @@ def test_background_launch_is_stopped_by_close_or_restart(kernel, tmp_path, how)
     _wait_ready(script)
     if how == "close":
         closed = _run_cell(kc, "import os\nS.close()\nprint('exit code:', bg.returncode, '| tmp left:', os.path.exists(bg._tmp))")
-        assert "stopped a background launch still running" in closed and "exit code: None" not in closed, closed
+        assert "停止了一个仍在运行的后台启动" in closed and "exit code: None" not in closed, closed
         assert "tmp left: False" in closed, closed  # S.close() tidied the launch, not only stopped it
     else:
         km.restart_kernel()

@@ -327,7 +327,7 @@ def test_setup_interactive_makes_a_persistent_folder_and_chdirs(tmp_path, monkey
     (S.work / "train_npu.py").write_text("x")
     S.close()
     assert Path.cwd() == tmp_path and (S.work / "train_npu.py").exists()
-    assert "kept" in capsys.readouterr().out
+    assert "已保留" in capsys.readouterr().out
     S2 = nbtools.setup(info=info(CPU))  # the same folder again: the learner's files stay
     assert S2.work == S.work and (S2.work / "train_npu.py").exists()
     nbtools.setup(info=info(CPU))  # setup cell run twice: starts from the original cwd again
@@ -354,7 +354,7 @@ def test_setup_with_an_existing_work_dir_never_removes_it(tmp_path, monkeypatch,
     S = nbtools.setup(work_dir=str(mine), info=info(CPU))
     assert S.work == mine
     S.close()
-    assert (mine / "notes.txt").exists() and "left in place" in capsys.readouterr().out
+    assert (mine / "notes.txt").exists() and "原样留下" in capsys.readouterr().out
     S = nbtools.setup(work_dir=str(tmp_path / "new"), keep_work_dir=False, info=info(CPU))
     S.close()
     assert not (tmp_path / "new").exists()  # made by nbtools, not kept: removed

@@ -62,7 +62,7 @@ def test_running_processes():
         {"npu": 1, "chip": 0, "pid": 12346, "name": "python3.11", "memory_mb": 2101},
     ]
     assert len(t["npus"]) == 2
-    assert "process 12345 (python3.11) on NPU 0: 2100 MB" in summary(t)
+    assert "进程 12345（python3.11）在 NPU 0 上：2100 MB" in summary(t)
 
 
 def test_summary_of_sample():
@@ -70,7 +70,7 @@ def test_summary_of_sample():
     assert text.splitlines() == [
         "NPU 0 chip 0: 910B4 health=OK HBM 2922 / 32768 MB",
         "NPU 1 chip 1: 910B4 health=OK HBM 2922 / 32768 MB",
-        "  no running processes",
+        "  没有运行中的进程",
     ]
 
 

@@ -60,7 +60,7 @@ def test_a_simulated_npu_is_labelled_so_and_skips_what_only_hardware_answers():
     real = from_probe({**SIM_NPU2, "torch_npu": "2.9.0.post2", "npu_simulated": False}, environ={})
     assert real.real_npu and Session(real, real.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") is None
     cpu = from_probe({"python": "3.11.7", "torch": "2.14.1"}, environ={})
-    assert Session(cpu, cpu.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") == "checked only on NPU: HBM"
+    assert Session(cpu, cpu.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") == "只在 NPU 上检查：HBM"
 
 
 def test_the_simulated_hosts_knobs_need_the_switch():
@@ -121,12 +121,17 @@ def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(tmp_path)
     assert label in (out / "index.html").read_text(encoding="utf-8")
     props = {p.get("name"): p.get("value") for p in ET.parse(out / "junit.xml").getroot().iter("property")}
     assert props["device"] == label
+    result = json.loads((out / "result.json").read_text(encoding="utf-8"))  # Ascend's examples-guard record
+    assert result["job_status"] == "success" and result["path"] == "02_distributed_eval.ipynb"
+    assert result["device"] == {"kind": "npu", "count": 2, "names": ["Ascend910B4"] * 2, "simulated": True}
+    assert result["versions"]["torch_npu"].endswith("+simulated") and {"trigger", "target_repo", "image"} <= set(result)
 
 
 def test_an_allgather_that_keeps_only_the_local_tensor_fails_the_gather_check(tmp_path):
-    proc, report, _ = _run([GATHER], tmp_path, env={"SIMNPU_FAULT": "allgather_local"})
+    proc, report, out = _run([GATHER], tmp_path, env={"SIMNPU_FAULT": "allgather_local"})
     assert proc.returncode == 1, proc.stdout[-2000:]
     assert _checks(report)["acc-gather-multi"][0] == "failed", _checks(report)
+    assert json.loads((out / "result.json").read_text(encoding="utf-8"))["job_status"] == "failure"
 
 
 def test_ranks_that_see_one_card_do_not_pass_as_two(tmp_path):
