@@ -148,7 +148,7 @@ def _written_text(text: str) -> str:
     """The text as written minus the leading nbtools options (kept verbatim otherwise)."""
     rest = text.strip()
     while True:
-        m = re.match(r"(--allow-fail|--online|--background|--as-written|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
+        m = re.match(rf"({'|'.join(SWITCHES)}|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
         if not m:
             return rest
         rest = rest[m.end():]
