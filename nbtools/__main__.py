@@ -138,6 +138,14 @@ def _cmd_doctor(args) -> int:
     return doctor_main()
 
 
+def _cmd_report(args) -> int:
+    from .bundle import write_bundle
+
+    print(f"bundle: {write_bundle(Path(args.run_dir), args.to and Path(args.to))} (send it as README.md, Tested stacks, "
+          "says; it holds no path, host name or token of this machine)")
+    return 0
+
+
 def _cmd_detect(args) -> int:
     from .device import detect
 
@@ -224,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the quick-start's versions")
     d.set_defaults(func=_cmd_doctor)
 
+    _inspect_commands(sub, sim)
+    return p
+
+
+def _inspect_commands(sub, sim: argparse.ArgumentParser) -> None:
+    """ps, detect and report: what runs, what this machine is, what a run found."""
     ps = sub.add_parser("ps", help="list launches nbtools started that are still running (--kill stops them)")
     ps.add_argument("--kill", action="store_true", help="stop every listed launch with all its processes")
     ps.add_argument(
@@ -235,7 +249,13 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--json", action="store_true")
     de.add_argument("--num-processes", type=int, default=2)
     de.set_defaults(func=_cmd_detect)
-    return p
+
+    rp = sub.add_parser("report", help="--bundle zips a run's report.json, result.json, junit.xml and "
+                        "the environment (npu-smi, packages, accelerate env), scrubbed, to send back")
+    rp.add_argument("run_dir", help="the --output folder of a `python -m nbtools run`")
+    rp.add_argument("--bundle", action="store_true", required=True, help="the only action so far")
+    rp.add_argument("--to", help="the zip's path (default: RUN_DIR/nbtools-bundle.zip)")
+    rp.set_defaults(func=_cmd_report)
 
 
 def _tolerant_output() -> None:

@@ -56,8 +56,7 @@ def _program(text: str) -> str:
 
 def program_config(text: str, name: str = "LlamaConfig") -> dict:
     """Keyword arguments of the first ``LlamaConfig(...)`` call in a program (literals only)."""
-    tree = ast.parse(_program(text))
-    for node in ast.walk(tree):
+    for node in ast.walk(ast.parse(_program(text))):
         if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == name:
             return {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
     raise NbtoolsError(f"no {name}(...) call in the program")
@@ -87,12 +86,8 @@ def llama_param_count(config: Mapping[str, object]) -> int:
 
 def quickstart_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:
     """The quick-start's map: embeddings + first half of the layers -> first; the rest -> second."""
-    half = num_layers // 2
-    device_map = {"model.embed_tokens": first}
-    device_map.update({f"model.layers.{i}": first for i in range(half)})
-    device_map.update({f"model.layers.{i}": second for i in range(half, num_layers)})
-    device_map.update({"model.norm": second, "lm_head": second})
-    return device_map
+    layers = {f"model.layers.{i}": first if i < num_layers // 2 else second for i in range(num_layers)}
+    return {"model.embed_tokens": first, **layers, "model.norm": second, "lm_head": second}
 
 
 def weights_shown_on(target: str, device_map: Mapping[str, object]) -> str:

@@ -125,8 +125,8 @@ class Match:
     def report(self, width: int = 60) -> str:
         """Expected and actual side by side, the first differing line marked with '>>'."""
         if self.ok:
-            return "output matches the expected block"
-        rows = [f"   {'expected':<{width}} | actual", "   " + "-" * width + "-+-" + "-" * width]
+            return "输出与预期的块一致"
+        rows = [f"   {'预期':<{width}} | 实际输出", "   " + "-" * width + "-+-" + "-" * width]
         start = max(0, min(self.exp_at, self.act_at) - 3)
         for i in range(start, max(len(self.expected), len(self.actual), self.act_at + 1)):
             e = self.expected[i] if i < len(self.expected) else ""
@@ -136,9 +136,9 @@ class Match:
             if i - start > 30:
                 rows.append("   ...")
                 break
-        want = self.expected[self.exp_at] if self.exp_at < len(self.expected) else "<end of expected block>"
-        got = self.actual[self.act_at] if self.act_at < len(self.actual) else "<end of output>"
-        rows.append(f"first difference: expected line {self.exp_at + 1} {want!r} vs output line {self.act_at + 1} {got!r}")
+        want = self.expected[self.exp_at] if self.exp_at < len(self.expected) else "<预期的块已结束>"
+        got = self.actual[self.act_at] if self.act_at < len(self.actual) else "<输出已结束>"
+        rows.append(f"第一处不同：预期第 {self.exp_at + 1} 行 {want!r}，输出第 {self.act_at + 1} 行 {got!r}")
         return "\n".join(rows)
 
 
@@ -170,11 +170,11 @@ def match(expected: str, actual: str) -> Match:
     return Match(False, exp, act, exp_at, act_at)
 
 
-def assert_matches(expected: str, actual: str, what: str = "output") -> None:
+def assert_matches(expected: str, actual: str, what: str = "输出") -> None:
     """Raise OutputMismatch (an AssertionError) with a side-by-side view when they differ."""
     m = match(expected, actual)
     if not m:
-        raise OutputMismatch(f"{what} does not match the expected block:\n{m.report()}")
+        raise OutputMismatch(f"{what}与预期的块不一致：\n{m.report()}")
 
 
 def parse_kv(text: str) -> dict[str, str]:

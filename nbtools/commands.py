@@ -85,11 +85,9 @@ def _join_continuations(text: str) -> str:
     out, quote, i = [], None, 0
     while i < len(text):
         ch = text[i]
-        if ch == "\\" and quote != "'" and text[i + 1 : i + 2] == "\n":
-            i += 2
-            continue
         if ch == "\\" and quote != "'" and i + 1 < len(text):
-            out.append(text[i : i + 2])
+            if text[i + 1] != "\n":  # backslash-newline is dropped, any other escape kept
+                out.append(text[i : i + 2])
             i += 2
             continue
         if ch in "'\"" and quote in (None, ch):
@@ -147,11 +145,9 @@ def parse(text: str) -> WrittenCommand:
 def _written_text(text: str) -> str:
     """The text as written minus the leading nbtools options (kept verbatim otherwise)."""
     rest = text.strip()
-    while True:
-        m = re.match(rf"({'|'.join(SWITCHES)}|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest)
-        if not m:
-            return rest
+    while m := re.match(rf"({'|'.join(SWITCHES)}|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest):
         rest = rest[m.end():]
+    return rest
 
 
 def _quote(word: str) -> str:
@@ -254,7 +250,7 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
     ``device`` is the notebook's device parameter: the quick-start's dispatch program is adapted to it.
     """
     argv, env = list(written.argv), dict(written.env)
-    real = CommandHere(argv)
+    real = CommandHere(argv, env)
     prog = argv[0]
     if prog in ("python", "python3"):
         argv[0] = sys.executable
@@ -266,8 +262,7 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
         if kind == "cpu" and info.kind != "cpu":
             env["ACCELERATE_USE_CPU"] = "1"
             real.why.append(f"在 {info.kind.upper()} 机器上要了 device='cpu'：ACCELERATE_USE_CPU=1 让 Accelerator() 选 CPU")
-        adapted = dispatch_rule(argv, kind, info.count if kind != "cpu" else 0)
-        if adapted:
+        if adapted := dispatch_rule(argv, kind, info.count if kind != "cpu" else 0):
             argv[:] = adapted[0]
             real.why.append(adapted[1])
     elif prog == "uv" and argv[1:2] == ["pip"] and shutil.which("uv"):  # uv itself, aimed at the kernel's interpreter
@@ -286,7 +281,6 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
         raise CommandNotHere(f"`npu-smi` exists only on Ascend hosts (with the NPU driver), not on this {info.kind.upper()}")
     _visible_rule(env, info, real)
-    real.env = env
     return real
 
 
@@ -331,24 +325,15 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
     extra: list[str] = []
     i = 0
     while i < len(words) and words[i].startswith("-"):
-        word = words[i]
-        name, eq, value = word.partition("=")
-        if name in _LAUNCH_SWITCHES:
-            flags[name] = None
-            extra_part = [word]
-            i += 1
-        elif eq:
-            flags[name] = value
-            extra_part = [word]
-            i += 1
-        else:
-            if i + 1 >= len(words):
-                raise ParameterError(f"accelerate launch flag {name} needs a value")
-            flags[name] = words[i + 1]
-            extra_part = words[i : i + 2]
-            i += 2
+        name, eq, value = words[i].partition("=")
+        switch = name in _LAUNCH_SWITCHES
+        width = 1 if switch or eq else 2  # `--flag value` takes the next word
+        if i + width > len(words):
+            raise ParameterError(f"accelerate launch flag {name} needs a value")
+        flags[name] = None if switch else value if eq else words[i + 1]
         if name not in PLAN_FLAGS:
-            extra.extend(extra_part)
+            extra.extend(words[i : i + width])
+        i += width
     if i >= len(words):
         raise ParameterError("accelerate launch needs a script to run (e.g. train_npu.py)")
     config_file = flags.get("--config_file")

@@ -58,18 +58,13 @@ CANN_INSTALL_INFO = "/etc/Ascend/ascend_cann_install.info"
 def cann_set_env(install_info: str | os.PathLike = CANN_INSTALL_INFO, root: str = "/usr/local/Ascend") -> str | None:
     """This machine's CANN set_env.sh: under the folder the installer recorded, else under ``root``; the new
     layout (``cann/``) before the old one (``ascend-toolkit/``). None when there is none."""
-    roots = []
     try:
-        for line in Path(install_info).read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.strip().startswith("Install_Path="):
-                roots.append(line.split("=", 1)[1].strip())
+        lines = Path(install_info).read_text(encoding="utf-8", errors="replace").splitlines()
     except OSError:
-        pass
-    for base in (*roots, root):
-        for candidate in (Path(base) / "set_env.sh", Path(base) / "cann" / "set_env.sh", Path(base) / "ascend-toolkit" / "set_env.sh"):
-            if candidate.is_file():
-                return str(candidate)
-    return None
+        lines = []
+    roots = [line.split("=", 1)[1].strip() for line in lines if line.strip().startswith("Install_Path=")]
+    candidates = (Path(base) / sub / "set_env.sh" for base in (*roots, root) for sub in ("", "cann", "ascend-toolkit"))
+    return next((str(c) for c in candidates if c.is_file()), None)
 
 
 def _cann_fix() -> str:
@@ -275,9 +270,7 @@ class DeviceInfo:
 
     def summary(self) -> str:
         parts = [f"device: {self.label}, backend {self.backend}", self.versions_line()]
-        for p in self.problems:
-            parts.append(f"PROBLEM: {p.what}\n  fix: {p.fix}")
-        return "\n".join(parts)
+        return "\n".join([*parts, *(f"PROBLEM: {p.what}\n  fix: {p.fix}" for p in self.problems)])
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -307,11 +300,8 @@ def device_line(device: dict) -> str:
 
 
 def _visible_list(value: str | None, count: int) -> list[str]:
-    if value:
-        items = [x.strip() for x in value.split(",") if x.strip()]
-        if items:
-            return items
-    return [str(i) for i in range(count)]
+    items = [x.strip() for x in (value or "").split(",") if x.strip()]
+    return items or [str(i) for i in range(count)]
 
 
 def run_probe(python: str | None = None, timeout: float = 120, env: dict[str, str] | None = None) -> dict:
@@ -352,8 +342,8 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
                                     "NPU: the torch matching torch_npu, see requirements-npu.txt)"))
         else:
             problems.append(Problem(err, "run `python -m nbtools doctor` for details"))
-    if floors.shortfall(versions):  # below the series' floors: every setup cell stops with what to use instead
-        problems.append(Problem(f"too old for the series: {floors.shortfall(versions)}", floors.USE_INSTEAD))
+    if short := floors.shortfall(versions):  # below the series' floors: every setup cell stops with what to use instead
+        problems.append(Problem(f"too old for the series: {short}", floors.USE_INSTEAD))
     kind, count, names, bf16, simulated = "cpu", 0, [], True, False
     if probe.get("npu_available") and probe.get("npu_count", 0) > 0:
         kind, count, names = "npu", probe["npu_count"], list(probe.get("npu_names") or [])
@@ -451,9 +441,7 @@ def same_version(a: str | None, b: str | None) -> bool:
     """Do ``a`` and ``b`` name the same release? Compared by PEP 440 public version, so torch's
     ``__version__`` ``2.14.1+cu130`` equals its distribution's ``2.14.1`` (and ``2.1.0a0+git1234``
     equals ``2.1.0a0``); ``None`` (not installed) equals nothing."""
-    if not a or not b:
-        return False
-    return a.strip() == b.strip() or public_version(a) == public_version(b)
+    return bool(a and b) and (a.strip() == b.strip() or public_version(a) == public_version(b))
 
 
 DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (the import name is nbtools)
@@ -472,7 +460,6 @@ def installed(distribution: str) -> str | None:
 def direct_url(distribution: str) -> dict:
     """How ``distribution`` was installed when not from an index (PEP 610 ``direct_url.json``: a folder, a git
     URL, a file); empty when from an index or not installed."""
-    import json
     from importlib import metadata
 
     try:

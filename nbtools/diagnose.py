@@ -88,8 +88,7 @@ def _tail(text: str, n: int = 25) -> str:
 
 def failing_rank(output: str) -> int | None:
     """The first rank whose own traceback appears, else the rank torch elastic names as root cause."""
-    tb = re.search(r"^\[rank(\d+)\]:\s*Traceback", output, re.MULTILINE)
-    if tb:
+    if tb := re.search(r"^\[rank(\d+)\]:\s*Traceback", output, re.MULTILINE):
         return int(tb.group(1))
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
     return int(root.group(1)) if root else None
@@ -133,13 +132,11 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
     lines = output.splitlines(keepends=True)
     kept: list[str] = []
     i = 0
-    removed = False
     while i < len(lines):
         if EXIT_BARRIER not in lines[i]:
             kept.append(lines[i])
             i += 1
             continue
-        removed = True
         # torch's logger repeats the record's prefix on every line of it: only lines with THAT prefix are its
         # traceback; a genuine traceback a rank prints right after it has none and stays in
         prefix = _LOG_PREFIX.match(lines[i]).group(0)
@@ -161,7 +158,7 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
                     i += 1
                     continue
             break
-    return "".join(kept), ([EXIT_BARRIER_NOTE] if removed else [])
+    return "".join(kept), [EXIT_BARRIER_NOTE]  # EXIT_BARRIER is in the output: some line held it
 
 
 def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -> None:
@@ -178,15 +175,11 @@ def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -
     mine = _rank_lines(result.output, rank) if rank is not None else ""
     error = re.findall(r"^\s*\[rank\d+\]:\s*((?:[\w.]+\.)?\w*(?:Error|Exception): .*)$", mine, re.MULTILINE)
     head += f" -- rank {rank}: {error[-1][:200]}" if error else ""  # the exception, in the reason a report shows
-    if mine:
-        detail = f"Rank {rank} failed first; its last lines:\n{mine}"
-    else:
-        detail = f"Last lines of the output:\n{_tail(result.output)}"
+    detail = (f"Rank {rank} failed first; its last lines:\n{mine}" if mine
+              else f"Last lines of the output:\n{_tail(result.output)}")
     if result.killed:
         detail += f"\n(stopped {len(result.killed)} leftover process(es) of this launch)"
-    for needle, hint in HINTS:
-        if needle in result.output:
-            detail += f"\nhint: {hint}"
+    detail += "".join(f"\nhint: {hint}" for needle, hint in HINTS if needle in result.output)
     raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result)
 
 

@@ -43,16 +43,13 @@ def quickstart_matrix(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
     """What the quick-start was validated with, read from requirements-npu.txt (its one copy):
     the ``name==version`` pins and the ``# quick-start: name version`` lines. Empty when the file
     is not there (an install that is not a checkout)."""
-    matrix: dict[str, str] = {}
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return matrix
-    for line in lines:
-        m = re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*$", line) or re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line)
-        if m:
-            matrix[m.group(1).lower().replace("-", "_")] = m.group(2)
-    return matrix
+        return {}
+    found = (re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*$", line) or re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line)
+             for line in lines)
+    return {m.group(1).lower().replace("-", "_"): m.group(2) for m in found if m}
 
 
 QUICKSTART = quickstart_matrix()

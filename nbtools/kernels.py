@@ -23,6 +23,7 @@ spec; ``install`` has the kernel's own interpreter install it with ipykernel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
@@ -216,10 +217,8 @@ class KernelsAhead:
 
     def ahead(self, path: Path) -> None:
         """Start ``path``'s kernel while another notebook runs; a failure is left for ``take`` to report."""
-        try:
+        with contextlib.suppress(Exception):
             self.start(path, warm=True)
-        except Exception:
-            pass
 
     def take(self, path: Path) -> KernelState:
         """``path``'s kernel, started now if it was not; ``.km`` is the manager papermill is handed."""
@@ -246,10 +245,8 @@ class KernelsAhead:
         """Shut down the kernels started ahead that no notebook used (the run stopped early)."""
         while self._started:
             _, state = self._started.popitem()
-            try:
+            with contextlib.suppress(Exception):  # already gone: nothing to stop
                 self.close(state)
-            except Exception:  # already gone: nothing to stop
-                pass
 
 
 # Variables bash itself changes between two `env` dumps; never part of what a script sets.
@@ -258,12 +255,7 @@ _SPLIT = "--nbtools-env-split--"
 
 
 def _parse_env0(blob: str) -> dict[str, str]:
-    env = {}
-    for item in blob.split("\0"):
-        if "=" in item:
-            k, v = item.split("=", 1)
-            env[k] = v
-    return env
+    return dict(item.split("=", 1) for item in blob.split("\0") if "=" in item)
 
 
 def sourced_env(script: str | Path, base: dict | None = None, timeout: float = 60) -> tuple[dict, dict]:

@@ -55,12 +55,7 @@ def _key(header: str) -> str:
 
 def _cells(line: str) -> list[str]:
     """The cells of a table row: ``| a | b |`` -> ['a', 'b'] (outer pipes dropped, inner text stripped)."""
-    line = line.strip()
-    if line.startswith("|"):
-        line = line[1:]
-    if line.endswith("|"):
-        line = line[:-1]
-    return [c.strip() for c in line.split("|")]
+    return [c.strip() for c in line.strip().removeprefix("|").removesuffix("|").split("|")]
 
 
 def _tokens(cell: str) -> list[str]:
@@ -88,8 +83,7 @@ def _fill(record: dict, names: list[str], cell: str) -> None:
 def parse_npu_smi(text: str) -> dict:
     """Parse the output of ``npu-smi info``; raise ValueError when the text holds no NPU table header."""
     table = _Table()
-    for raw in text.splitlines():
-        line = raw.strip()
+    for line in map(str.strip, text.splitlines()):
         if line.startswith("|"):  # not separators (+----+, +====+) or anything around the table
             table.row(_cells(line))
     if table.npu_header is None:
@@ -151,12 +145,7 @@ class _Table:
 
 
 def _npu_keys(npu_header) -> set[str]:
-    keys = set()
-    for names in npu_header or []:
-        for name in names:
-            k = _key(name)
-            keys |= {k, f"{k}_used", f"{k}_total"}
-    return keys
+    return {_key(name) + suffix for names in npu_header or [] for name in names for suffix in ("", "_used", "_total")}
 
 
 def summary(table: dict) -> str:
@@ -165,9 +154,6 @@ def summary(table: dict) -> str:
     for n in table["npus"]:
         hbm = f"HBM {n.get('hbm_used_mb')} / {n.get('hbm_total_mb')} MB" if "hbm_total_mb" in n else ""
         lines.append(f"NPU {n.get('id')} chip {n.get('chip')}: {n.get('name')} health={n.get('health')} {hbm}".rstrip())
-    if table["processes"]:
-        for p in table["processes"]:
-            lines.append(f"  进程 {p.get('pid')}（{p.get('name')}）在 NPU {p.get('npu')} 上：{p.get('memory_mb')} MB")
-    else:
-        lines.append("  没有运行中的进程")
+    lines += [f"  进程 {p.get('pid')}（{p.get('name')}）在 NPU {p.get('npu')} 上：{p.get('memory_mb')} MB"
+              for p in table["processes"]] or ["  没有运行中的进程"]
     return "\n".join(lines)

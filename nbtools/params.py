@@ -79,9 +79,8 @@ def unattended(environ=None) -> bool:
     mentions papermill or ``nbtools run``.
     """
     environ = os.environ if environ is None else environ
-    if environ.get(UNATTENDED_ENV, "").strip().lower() in ("1", "true", "yes"):
-        return True
-    if environ.get("CI", "").strip().lower() in ("1", "true"):
+    if (environ.get(UNATTENDED_ENV, "").strip().lower() in ("1", "true", "yes")
+            or environ.get("CI", "").strip().lower() in ("1", "true")):
         return True
     try:
         import psutil
@@ -95,8 +94,7 @@ def unattended(environ=None) -> bool:
 def notebook_stem(environ=None) -> str:
     """The running notebook's name without folder and suffix (JupyterLab sets JPY_SESSION_NAME), else 'notebook'."""
     environ = os.environ if environ is None else environ
-    name = environ.get("JPY_SESSION_NAME", "").strip()
-    stem = Path(name).stem if name else ""
+    stem = Path(environ.get("JPY_SESSION_NAME", "").strip()).stem
     return re.sub(r"[^\w.-]", "_", stem) or "notebook"
 
 
@@ -240,16 +238,12 @@ def convert_parameter(name: str, value, default, notebook: str = ""):
         if text.lower() in FALSE_WORDS:
             return False
         raise refuse("a bool (accepted: true/false, 1/0, yes/no, any case)")
-    if isinstance(default, int):
-        try:
-            return int(text, 10)
-        except ValueError:
-            raise refuse("an int (e.g. 2)") from None
-    if isinstance(default, float):
-        try:
-            return float(text)
-        except ValueError:
-            raise refuse("a number (e.g. 0.5)") from None
+    for kind, accepted in ((int, "an int (e.g. 2)"), (float, "a number (e.g. 0.5)")):
+        if isinstance(default, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                raise refuse(accepted) from None
     return value if isinstance(default, str) else _parse_value(value)
 
 

@@ -10,6 +10,7 @@ table is shown too (read by npusmi.py): the processes that hold an NPU right now
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -58,11 +59,9 @@ def find() -> list[Launch]:
     for launch in groups.values():
         guardians = {p.pid for p in launch.processes if p.role == "guardian"}
         for p in launch.processes:
-            try:
+            with contextlib.suppress(psutil.Error):
                 if p.role == "worker" and psutil.Process(p.pid).ppid() in guardians:
                     p.role = "command"
-            except psutil.Error:
-                pass
         launch.processes.sort(key=lambda p: ("guardian", "command", "worker").index(p.role))
     return sorted(groups.values(), key=lambda g: -max(p.age_s for p in g.processes))
 
@@ -79,8 +78,7 @@ def render(launches: list[Launch], width: int = 110) -> str:
     for g in launches:
         who = "still running" if g.starter_alive else "GONE (kernel restarted or killed?)"
         lines.append(f"launch {g.id}: started by pid {g.starter_pid}, which is {who}")
-        for p in g.processes:
-            lines.append(f"  {p.pid:>7}  {_age(p.age_s):>7}  {p.role:<8}  {p.cmdline[: width - 30]}")
+        lines += [f"  {p.pid:>7}  {_age(p.age_s):>7}  {p.role:<8}  {p.cmdline[: width - 30]}" for p in g.processes]
     n = sum(len(g.processes) for g in launches)
     lines.append(f"{len(launches)} launch(es) still running ({n} process(es)): `python -m nbtools ps --kill` stops them")
     return "\n".join(lines)
@@ -132,8 +130,7 @@ def main(kill: bool = False, out=print, wanted=()) -> int:
         out("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + (summary(table) if isinstance(table, dict) else table))
     if not kill or not launches:
         return 0
-    left = stop(launches)
-    if left:
+    if left := stop(launches):
         out(f"could not stop pid(s) {', '.join(map(str, left))} (another user's? try `kill -9` as that user)")
         return 1
     out(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")

@@ -25,12 +25,7 @@ def strip_rank_prefix(text: str) -> str:
 
 def block_keys(block: str) -> list[str]:
     """The keys an expected block's lines start with (``world=2`` -> ``world``), in order, once each."""
-    keys: list[str] = []
-    for line in block.splitlines():
-        m = _KEY.match(line)
-        if m and m.group(1) not in keys:
-            keys.append(m.group(1))
-    return keys
+    return list(dict.fromkeys(m.group(1) for line in block.splitlines() if (m := _KEY.match(line))))
 
 
 def keyed_lines(output: str, keys) -> str:
@@ -40,7 +35,7 @@ def keyed_lines(output: str, keys) -> str:
     return "\n".join(line for line in lines if line.startswith(wanted))
 
 
-def assert_block(block: str, output: str, what: str = "launch output") -> None:
+def assert_block(block: str, output: str, what: str = "启动的输出") -> None:
     """Raise OutputMismatch unless the block's ``key=`` lines of ``output`` match ``block`` (xxx allowed).
 
     Lines about other keys, and other ranks' warnings, are ignored, as in the quick-start's
@@ -51,7 +46,7 @@ def assert_block(block: str, output: str, what: str = "launch output") -> None:
         raise ValueError(f"the expected block names no key=value line: {block!r}")
     if any(line.strip() == ANY_LINES for line in block.splitlines()):
         raise ValueError("assert_block already ignores other lines: leave '...' out of the block")
-    assert_matches(block, keyed_lines(output, keys), what=f"{what} (its {', '.join(k + '=' for k in keys)} lines)")
+    assert_matches(block, keyed_lines(output, keys), what=f"{what}（其中 {'、'.join(k + '=' for k in keys)} 这几行）")
 
 
 REAL = "#cfe0f5"

@@ -139,18 +139,22 @@ def write_junit(report: RunReport, path: Path) -> None:
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
 
+UNKNOWN = {"target_repo": "unknown/unknown"}
+
+
 def result_record(report: RunReport, environ=os.environ) -> dict:
     """result.json: the six fields of Ascend's examples-guard result (its result.schema.json), then what ran. A field
-    comes from RESULT_<FIELD> (RESULT_IMAGE, ...), else GitHub's own variable, else it says "unknown", never a guess."""
+    comes from RESULT_<FIELD> (RESULT_IMAGE, ...), else GitHub's own variable, else it says "unknown" (target_repo:
+    "unknown/unknown", the schema's owner/name shape), never a guess."""
     def given(field: str, github: str = "") -> str:
-        return environ.get(f"RESULT_{field.upper()}") or environ.get(github) or "unknown"
+        return environ.get(f"RESULT_{field.upper()}") or environ.get(github) or UNKNOWN.get(field, "unknown")
 
     dev, counts = report.device, status_counts(report)
     return {"trigger": given("trigger", "GITHUB_EVENT_NAME"), "target_repo": given("target_repo", "GITHUB_REPOSITORY"),
             "target_ref": given("target_ref", "GITHUB_SHA"), "image": given("image"),
             "path": environ.get("RESULT_PATH") or " ".join(n.path for n in report.notebooks),
             "job_status": "cancelled" if report.stopped_by else "success" if report.ok else "failure",
-            "source": "project",
+            "source": "upstream",
             "device": {k: dev.get(k) for k in ("kind", "count", "names", "simulated")},
             "versions": {**(dev.get("versions") or {}), "peft": installed("peft"), "deepspeed": installed("deepspeed")},
             "checks": counts["checks"], "notebooks": counts["notebooks"]}

@@ -56,12 +56,11 @@ def default_notebooks_dir() -> Path:
 
 def discover(paths: list[str] | None = None) -> list[Path]:
     """The notebooks to run: the given ones (files or folders), else every NN_*.ipynb in notebooks/."""
-    if not paths:
-        paths = [str(default_notebooks_dir())]
+    paths = paths or [str(default_notebooks_dir())]
     found: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
-            found.extend(sorted(q for q in p.glob(SERIES_GLOB)))
+            found.extend(sorted(p.glob(SERIES_GLOB)))
         elif p.is_file():
             found.append(p)
         else:
@@ -74,9 +73,8 @@ def discover(paths: list[str] | None = None) -> list[Path]:
 def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[str, str]:
     """(status, reason) of one check cell; a failure's reason is its error's first line, or all of it (``full``)."""
     outputs = cell.get("outputs", [])
-    errors = [o for o in outputs if o.get("output_type") == "error"]
-    if errors:
-        e = errors[0]
+    e = next((o for o in outputs if o.get("output_type") == "error"), None)
+    if e is not None:
         value = strip_ansi(str(e.get("evalue", ""))).strip()
         value = value if full else (value.splitlines() or [""])[0]
         return "failed", f"{e.get('ename', 'Error')}: {value}".strip()
@@ -109,8 +107,7 @@ def unexecuted_cells(nb) -> list[int]:
 
 
 def _error_summary(exc: BaseException) -> str:
-    ename = getattr(exc, "ename", None)
-    if ename:
+    if ename := getattr(exc, "ename", None):
         evalue = [ln.strip() for ln in strip_ansi(str(getattr(exc, "evalue", ""))).strip().splitlines()]
         cell = getattr(exc, "exec_count", None)
         fixes = [ln for ln in evalue[1:] if ln.lower().startswith("fix:")]  # keep what to do
@@ -188,8 +185,7 @@ class _Stopper:
         return self
 
     def __exit__(self, *exc) -> None:
-        left = self.finish()
-        if left:
+        if left := self.finish():
             self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
 
     def install(self) -> None:
@@ -292,8 +288,7 @@ class _Plan:
         """Raises ParameterError for a parameter no notebook declares or a value that does not convert."""
         sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
         declared = {p: parameter_defaults(p) for p in notebooks}
-        unknown = [k for k in parameters if not any(k in d for d in declared.values())]
-        if unknown:
+        if unknown := [k for k in parameters if not any(k in d for d in declared.values())]:
             names = sorted({k for d in declared.values() for k in d})
             raise ParameterError(
                 f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}"
@@ -406,10 +401,8 @@ class _Run:
         if self.stopper.signum:
             where = re.sub(r"^(KeyboardInterrupt|RunStopped): ?", "", error).strip()
             return f"stopped by {self.stopper.name}: the kernel and its launches were stopped" + (f"; {where}" if where else "")
-        if not error:
-            pending = unexecuted_cells(executed)
-            if pending:
-                return f"{len(pending)} cell(s) never ran (first: cell {pending[0]}); did a cell call sys.exit()?"
+        if not error and (pending := unexecuted_cells(executed)):
+            return f"{len(pending)} cell(s) never ran (first: cell {pending[0]}); did a cell call sys.exit()?"
         return error
 
 
@@ -458,18 +451,13 @@ def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
     """Every seed id gets an entry: not in this run's notebooks -> skipped (not selected) or missing."""
     have = {c.id for c in report.checks}
     others: dict[str, str] = {}
-    folders = {p.parent for p in notebooks}
-    for folder in folders:
-        for p in sorted(folder.glob(SERIES_GLOB)):
-            if p in notebooks:
-                continue
-            nb = nbformat.read(p, as_version=4)  # an unreadable notebook is an error, not "missing" checks
-            for cell in nb.cells:
+    for folder in {p.parent for p in notebooks}:
+        for p in sorted(set(folder.glob(SERIES_GLOB)) - set(notebooks)):
+            # an unreadable notebook is an error, not "missing" checks
+            for cell in nbformat.read(p, as_version=4).cells:
                 for cid in check_ids(cell.get("metadata", {}).get("tags")):
                     others.setdefault(cid, p.name)
-    for cid in SEED_CHECKS:
-        if cid in have:
-            continue
+    for cid in (c for c in SEED_CHECKS if c not in have):
         if cid in others:
             report.checks.append(CheckResult(cid, "skipped", others[cid], f"not selected: {others[cid]} was not run", True))
         else:

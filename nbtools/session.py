@@ -170,7 +170,5 @@ def setup(
 
 
 def _work_dir(path: str, keep: bool, origin: Path) -> Path:
-    make = params.work_dir
-    if path:
-        return make(path, keep=keep)
-    return make("", keep=keep) if unattended() else make("", keep=keep, persistent=True, base=origin)
+    """``path``; else a persistent folder under ``origin`` in interactive use, a private temporary one unattended."""
+    return params.work_dir(path, keep=keep, persistent=not path and not unattended(), base=origin)

@@ -91,8 +91,7 @@ def _cell_problems(where: str, cell, claims: dict[str, list[str]]) -> list[str]:
         problems.append(f"{where}: has outputs; clear them before committing")
     if cell.get("execution_count") is not None:
         problems.append(f"{where}: has an execution count; clear it before committing")
-    m = _SHELL.search(cell.source)
-    if m:
+    if m := _SHELL.search(cell.source):
         problems.append(
             f"{where}: shell escape {m.group(1)!r}: its failure would not fail the run; use %cmd or nbtools.run_command([...])"
         )
@@ -118,22 +117,19 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         problems.append(f"{name}: nbformat {nb.get('nbformat')}, expected 4")
     if nb.get("nbformat_minor", 0) >= 5:  # nbformat.read adds missing ids (with a warning): look at the file
         cells = json.loads(path.read_text(encoding="utf-8")).get("cells", [])
-        missing = [i for i, cell in enumerate(cells) if "id" not in cell]
-        if missing:
+        if missing := [i for i, cell in enumerate(cells) if "id" not in cell]:
             problems.append(f"{name}: cells {missing} have no id, which nbformat 4.5 requires; run nbformat's normalize")
     try:
         nbformat.validate(nb)
     except nbformat.ValidationError as exc:
         problems.append(f"{name}: invalid nbformat: {str(exc).splitlines()[0]}")
-    kernel = nb.metadata.get("kernelspec", {}).get("name")
-    if kernel != "python3":
+    if (kernel := nb.metadata.get("kernelspec", {}).get("name")) != "python3":
         problems.append(f"{name}: kernelspec name is {kernel!r}, expected 'python3'")
     if "papermill" in nb.metadata:
         problems.append(f"{name}: notebook metadata holds papermill run data; save it clean")
-    n_params = 0
     for i, cell in enumerate(nb.cells):
-        n_params += "parameters" in cell.get("metadata", {}).get("tags", [])
         problems += _cell_problems(f"{name} cell {i}", cell, claims)
+    n_params = sum("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells)
     if n_params != 1:
         problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
     problems += [f"{name}: {p}" for p in exercise_problems(nb)]
@@ -175,8 +171,7 @@ def exercise_problems(nb) -> list[str]:
         out.append(f"exercises numbered {[n for n, _ in found]}, expected 1 to {len(found)} in order")
     for number, i in found:
         source = nb.cells[i].source
-        missing = [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in source]
-        if missing:
+        if missing := [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in source]:
             out.append(f"exercise {number} has no {' / '.join(missing)} below it (a collapsed <details> block)")
         shown = _FOLDED.sub("", source)  # a `# comment` inside a folded answer's code is not a heading
         if len(_EXERCISE.findall(shown)) > 1 or re.search(r"^#{1,3} (?!练习)", shown, re.M):
@@ -184,9 +179,8 @@ def exercise_problems(nb) -> list[str]:
         after = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
         if after is None or after.cell_type != "code" or after.source.strip():
             out.append(f"exercise {number} is not followed by an empty code cell to work in")
-    orphans = [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbtools", {}).get("answers")
-               and i not in {i for _, i in found}]
-    if orphans:
+    if orphans := [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbtools", {}).get("answers")
+                   and i not in {i for _, i in found}]:
         out.append(f"cells {orphans} carry nbtools.answers but are no exercise cell: `nbtools answers` never runs them")
     if (chars := prose_chars(nb)) > PROSE_LIMIT:
         out.append(f"{chars:,} characters of prose outside the folded hints and answers (at most {PROSE_LIMIT:,}): "
@@ -274,11 +268,9 @@ def _dedent(block: str) -> str:
 
 def _code(edit: dict, blocks: list[str]) -> str:
     code = edit["code"]
-    if isinstance(code, int):
-        if code >= len(blocks):
-            raise ParameterError(f"the answer has {len(blocks)} code block(s), the spec wants block {code}")
-        return blocks[code]
-    return code
+    if isinstance(code, int) and code >= len(blocks):
+        raise ParameterError(f"the answer has {len(blocks)} code block(s), the spec wants block {code}")
+    return blocks[code] if isinstance(code, int) else code
 
 
 def _indented(source: str, replaced: str, code: str) -> str:
@@ -294,8 +286,8 @@ def _indented(source: str, replaced: str, code: str) -> str:
 def _one(cells, text: str, kind: str | None = "code"):
     found = [c for c in cells if (kind is None or c.cell_type == kind) and text in c.source]
     if len(found) != 1:
-        where = "no" if not found else f"{len(found)}"
-        raise ParameterError(f"{where} {kind or ''} cell(s) contain {text!r}: the lesson changed under the answer")
+        raise ParameterError(f"{len(found) or 'no'} {kind or ''} cell(s) contain {text!r}: "
+                             "the lesson changed under the answer")
     return found[0]
 
 
@@ -320,8 +312,7 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
             indent = re.match(r"\s*", lines[at[0]]).group(0)
             new = [indent + line if line else line for line in code.rstrip("\n").split("\n")]
             cell.source = "\n".join(lines[: at[0] + 1] + new + lines[at[0] + 1 :])
-    params = spec.get("params") or {}
-    if params:
+    if params := spec.get("params"):
         cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
         cell.source += "\n" + "\n".join(f"{k} = {v!r}  # set by this answer" for k, v in params.items())
 
@@ -374,11 +365,9 @@ def run_answers(notebooks: list[Path], output_dir: Path, *, kernel: str, timeout
         report = run_notebooks([a.variant for a in runnable], output_dir, kernel=kernel, timeout=timeout) if runnable else None
         for a in runnable:  # inside the try: a variant that did not run is read from the folder, its cells unjudged
             result = next(n for n in report.notebooks if Path(n.path).name == a.variant.name)
-            verdicts = {"notebook": (result.status, result.error)}
             executed = output_dir / result.output if result.output else a.variant
-            for c in judge_checks(nbformat.read(executed, as_version=4), a.variant.name, full=True):
-                verdicts[c.id] = (c.status, c.reason)
-            judge(a, verdicts)
+            checks = judge_checks(nbformat.read(executed, as_version=4), a.variant.name, full=True)
+            judge(a, {"notebook": (result.status, result.error), **{c.id: (c.status, c.reason) for c in checks}})
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return answers
@@ -401,8 +390,7 @@ def accelerate_problem(requirement: Requirement) -> str | None:
         dist = metadata.distribution("accelerate")
     except metadata.PackageNotFoundError:
         return "Accelerate is not installed"
-    direct = direct_url("accelerate")
-    if direct:  # installed from a folder, a git URL or a file: 00's source install
+    if direct := direct_url("accelerate"):  # installed from a folder, a git URL or a file: 00's source install
         return f"Accelerate {dist.version} was installed from {direct.get('url', 'a local source')}"
     if not requirement.specifier.contains(dist.version, prereleases=True):
         return f"Accelerate {dist.version} is outside requirements.txt's {requirement}"
@@ -418,8 +406,7 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, kill: bool = 
     verb = "would" if dry_run else "did"
     folder = notebooks or default_notebooks_dir()
     _restore_notebooks(folder, dry_run, say)
-    launches = find()
-    if launches:
+    if launches := find():
         say(f"launches still running ({len(launches)}):\n{render(launches)}")
         if not dry_run:
             stop(launches)
@@ -438,8 +425,7 @@ def reset(notebooks: Path | None = None, *, dry_run: bool = False, kill: bool = 
         say(f"no work folders ({work} does not exist)")
 
     requirement = accelerate_requirement()
-    problem = accelerate_problem(requirement)
-    if problem is None:
+    if (problem := accelerate_problem(requirement)) is None:
         say(f"Accelerate {metadata.version('accelerate')} is what requirements.txt asks for ({requirement}): left alone")
         return
     cmd = [sys.executable, "-m", "pip", "install", "--force-reinstall", "--no-deps", str(requirement)]

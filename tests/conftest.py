@@ -20,6 +20,19 @@ NOTEBOOKS = os.path.join(ROOT, "notebooks")
 
 # Keep the tests themselves offline, like the notebooks. A test that proves the notebooks or the
 # launcher go offline by themselves runs them with ``without_offline_env()`` instead.
+# Ascend's examples-guard result.json (Ascend/docs, .github/workflows/schemas/result.schema.json, draft-07), as read
+# on 2026-12-04: the six required fields, target_repo as owner/name, the two enums.
+RESULT_SCHEMA = {
+    "$schema": "http://json-schema.org/draft-07/schema#",
+    "type": "object",
+    "required": ["trigger", "target_repo", "target_ref", "path", "image", "job_status"],
+    "properties": {
+        **{k: {"type": "string", "minLength": 1} for k in ("trigger", "target_ref", "path", "image")},
+        "target_repo": {"type": "string", "pattern": "^[^/]+/[^/]+$"},
+        "job_status": {"enum": ["success", "failure", "cancelled"]},
+        "source": {"enum": ["upstream", "project"]},
+    },
+}
 OFFLINE_VARS = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

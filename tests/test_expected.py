@@ -31,15 +31,15 @@ def test_failure_shows_both_sides_and_first_difference():
     with pytest.raises(OutputMismatch) as err:
         assert_matches("a=1\nb=2\nc=3", "a=1\nb=5\nc=3")
     text = str(err.value)
-    assert "expected" in text and "actual" in text
-    assert "first difference: expected line 2 'b=2' vs output line 2 'b=5'" in text
+    assert "预期" in text and "实际输出" in text and text.startswith("输出与预期的块不一致")
+    assert "第一处不同：预期第 2 行 'b=2'，输出第 2 行 'b=5'" in text
     assert isinstance(err.value, AssertionError)
 
 
 def test_extra_output_is_a_mismatch():
     m = match("a", "a\nb")
     assert not m
-    assert "<end of expected block>" in m.report()
+    assert "<预期的块已结束>" in m.report()
 
 
 def test_parse_kv_reads_pairs_and_ignores_prose():

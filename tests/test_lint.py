@@ -39,7 +39,7 @@ MAX_CODE_LINES = 4300  # blank lines, comments and docstrings aside: the package
 PARTS = {
     "core": (0, {"device", "params", "checks", "proctree", "npusmi", "floors"}),
     "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guard", "ps", "machines", "session", "magics"}),
-    "run": (2, {"runner", "kernels", "report", "teacher", "doctor"}),
+    "run": (2, {"runner", "kernels", "report", "teacher", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks"}),
     "entry": (3, {"__init__", "__main__"}),
 }

@@ -16,13 +16,14 @@ from xml.etree import ElementTree as ET
 
 import nbformat
 import pytest
-from conftest import processes_mentioning, skip_outside_ci  # CI's Debian has localedef: GBK runs there
+from conftest import RESULT_SCHEMA, processes_mentioning, skip_outside_ci  # CI's Debian has localedef: GBK runs there
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools import ParameterError, detect
 from nbtools.checks import SEED_CHECKS
 from nbtools.device import CACHE_ENV
 from nbtools.params import convert_parameter, parse_params
+from nbtools.report import UNKNOWN
 
 
 def make_nb(path: Path, cells: list[tuple[str, list[str]]]) -> Path:
@@ -217,18 +218,6 @@ def test_junit_counts_match_report_json_and_the_cli(series):
 
 # Ascend's examples-guard result (cosdt-ci-test/workflows, .github/workflows/schemas/result.schema.json), as its
 # required fields and enums were read on 2026-12-04; extra fields are allowed.
-RESULT_SCHEMA = {
-    "$schema": "http://json-schema.org/draft-07/schema#",
-    "type": "object",
-    "required": ["trigger", "target_repo", "target_ref", "path", "image", "job_status"],
-    "properties": {
-        **{k: {"type": "string", "minLength": 1} for k in ("trigger", "target_repo", "target_ref", "path", "image")},
-        "job_status": {"enum": ["success", "failure", "cancelled"]},
-        "source": {"enum": ["upstream", "project"]},
-    },
-}
-
-
 def test_result_json_has_the_guards_six_fields_and_says_unknown_where_nothing_told_it(series):
     import jsonschema
 
@@ -238,7 +227,7 @@ def test_result_json_has_the_guards_six_fields_and_says_unknown_where_nothing_to
     assert result["job_status"] == "failure" and "result.json" in proc.stdout  # 01 and 02 failed
     github = {"trigger": "GITHUB_EVENT_NAME", "target_repo": "GITHUB_REPOSITORY", "target_ref": "GITHUB_SHA", "image": ""}
     for field, var in github.items():  # the run's environment is this test's: derived from it, never assumed
-        assert result[field] == (os.environ.get(f"RESULT_{field.upper()}") or os.environ.get(var) or "unknown"), field
+        assert result[field] == (os.environ.get(f"RESULT_{field.upper()}") or os.environ.get(var) or UNKNOWN.get(field, "unknown")), field
     assert result["path"] == "00_good.ipynb 01_bad.ipynb 02_exit.ipynb"
     assert result["device"]["kind"] == report["device"]["kind"] and result["checks"] == report["summary"]["checks"]
     assert result["versions"]["torch"] == report["device"]["versions"]["torch"] and "deepspeed" in result["versions"]
