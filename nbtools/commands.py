@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .checks import NbtoolsError, ParameterError
-from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo
+from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo, whole_numbers
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
 CUDA_VAR = VISIBLE_VARS["cuda"]
@@ -339,10 +339,9 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
     config_file = flags.get("--config_file")
     config = read_launch_config(config_file) if config_file else {}
     n = flags.get("--num_processes", config.get("num_processes"))
-    try:
-        num_processes = int(n) if n is not None else default_processes
-    except ValueError:
-        raise ParameterError(f"--num_processes {n!r}: expected an integer >= 1") from None
+    n = default_processes if n is None else int(n) if str(n).isdigit() else n
+    whole_numbers(1, **{"--num_processes": n})
+    num_processes = n
     env = dict(written.env)
     visible = env.pop(ASCEND_VAR, None)
     visible = env.pop(CUDA_VAR, visible)

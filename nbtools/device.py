@@ -43,6 +43,22 @@ from . import floors
 from .checks import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
+MIXED_PRECISIONS = ("no", "fp16", "bf16")
+
+
+def known_device(device: str) -> str:
+    """The one rule for a ``device`` value (params.validate, DeviceInfo.resolve): 'auto' or a kind."""
+    if device not in ("auto", *KINDS):
+        raise ParameterError(f"parameter device={device!r} is not known; accepted: 'auto', 'npu', 'cuda', 'cpu'")
+    return device
+
+
+def whole_numbers(minimum: int = 1, **params) -> None:
+    """Every keyword is an integer (not a bool) >= ``minimum``: the one rule for counts, num_processes among them
+    (params.validate, DeviceInfo.plan, a written --num_processes, the notebooks' own parameters)."""
+    for name, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ParameterError(f"parameter {name}={value!r} is invalid; accepted: an integer >= {minimum}")
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
@@ -147,6 +163,8 @@ class LaunchPlan:
     # the collectives really run on torch's gloo: the CPU route, or the simulated NPU (its hccl is gloo underneath)
     gloo: bool = False
     why: list[str] = field(default_factory=list)  # why this route differs from the quick-start's NPU command
+    mode: list[str] = field(default_factory=list)  # the route's own flags (--multi_gpu, --cpu), the first of flags
+    route: str = ""  # what the route's variables and flags do (the CPU's: a real gloo group of N ranks)
 
 
 # `accelerate launch` flags a plan decides, with the launcher's precision and port: written ones are replaced.
@@ -188,9 +206,18 @@ class DeviceInfo:
 
     @property
     def mixed_precisions(self) -> tuple[str, ...]:
-        if self.kind == "cpu":
+        return self.mixed_precisions_on(self.kind)
+
+    def mixed_precisions_on(self, kind: str) -> tuple[str, ...]:
+        """The one rule for the --mixed_precision values a launch on ``kind`` takes here: the CPU's autocast has
+        bf16 and no fp16; a card has fp16, and bf16 where it says so (not a 310P)."""
+        if kind == "cpu":
             return ("no", "bf16")
-        return ("no", "fp16", "bf16") if self.bf16 else ("no", "fp16")
+        return MIXED_PRECISIONS if self.bf16 else ("no", "fp16")
+
+    def visible_ids(self) -> list[str]:
+        """The card numbers this process may use, as the visibility variable lists them, else 0..count-1."""
+        return [x.strip() for x in (self.visible_devices or "").split(",") if x.strip()] or [str(i) for i in range(self.count)]
 
     def plan(self, num_processes: int = 2, device: str = "auto") -> LaunchPlan:
         """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).
@@ -198,10 +225,8 @@ class DeviceInfo:
         When fewer accelerators are visible than processes asked for, the plan is the
         CPU (gloo) route and says so: ``fallback`` is True and ``note`` explains.
         """
-        if not isinstance(num_processes, int) or isinstance(num_processes, bool) or num_processes < 1:
-            raise DeviceError(f"num_processes={num_processes!r}: expected an integer >= 1")
-        kind = self.resolve(device)
-        n, note, why = num_processes, "", []
+        whole_numbers(1, num_processes=num_processes)
+        kind, n, note, why, said = self.resolve(device), num_processes, "", [], ""
         flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
         fallback = kind != "cpu" and self.count < n
         if fallback:
@@ -221,7 +246,7 @@ class DeviceInfo:
             why.append(f"{where}：" + (said if n == 1 else f"CPU 上 `accelerate launch --num_processes {n}` "
                                                          f"只启动一个进程；{said}"))
         else:
-            env = {VISIBLE_VARS[kind]: ",".join(_visible_list(self.visible_devices, self.count)[:n])}
+            env = {VISIBLE_VARS[kind]: ",".join(self.visible_ids()[:n])}
             # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
             # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
             mode = ["--multi_gpu"] if n > 1 and kind == "cuda" else []
@@ -236,13 +261,11 @@ class DeviceInfo:
             kind=kind, num_processes=n, backend=BACKENDS[kind] if n > 1 else None,
             distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO", env=env, flags=[*mode, *flags],
             devices=[f"{kind}:{i}" for i in range(n)] if kind != "cpu" else ["cpu"] * n, fallback=fallback,
-            note=note, gloo=kind == "cpu" or (kind == "npu" and self.simulated), why=why)
+            note=note, gloo=kind == "cpu" or (kind == "npu" and self.simulated), why=why, mode=mode, route=said)
 
     def resolve(self, device: str = "auto") -> str:
         """Turn a ``device`` parameter into a device kind present here, or raise with what to do."""
-        if device not in ("auto", *KINDS):
-            raise DeviceError(f"device={device!r} is not known: use one of 'auto', 'npu', 'cuda', 'cpu'")
-        if device == "auto":
+        if known_device(device) == "auto":
             return self.kind
         if device == "cpu" or device == self.kind:
             return device
@@ -297,11 +320,6 @@ def device_label(kind: str, count: int, names=(), simulated: bool = False) -> st
 def device_line(device: dict) -> str:
     """The same label from report.json's ``device`` (DeviceInfo.to_dict): report.md, junit.xml, index.html."""
     return device_label(device.get("kind", "?"), device.get("count", 0), device.get("names"), device.get("simulated", False))
-
-
-def _visible_list(value: str | None, count: int) -> list[str]:
-    items = [x.strip() for x in (value or "").split(",") if x.strip()]
-    return items or [str(i) for i in range(count)]
 
 
 def run_probe(python: str | None = None, timeout: float = 120, env: dict[str, str] | None = None) -> dict:

@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import LaunchError
+from .checks import LaunchError, ParameterError
 from .commands import LaunchCall, executable, shell_line
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .diagnose import Result, gloo_exit_abort, raise_on_failure
@@ -71,6 +71,13 @@ class LaunchSpec:
         return (self.port or free_port()) if self.plan.num_processes > 1 else None
 
 
+def route_config(call: LaunchCall, plan: LaunchPlan, folder: str) -> list[str]:
+    """The learner's own --config_file as written (nothing added), else Accelerate's defaults in a file in ``folder``,
+    so that the user's default config is never read. With a config file `accelerate launch` no longer picks
+    MULTI_NPU by itself for N processes on N NPUs: on NPU the file says it; elsewhere the plan's flags decide."""
+    return [] if call.config_file is not None else launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
+
+
 def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str = "auto", timeout: float | None = 600,
                 port: int | None = None, cwd: str | os.PathLike | None = None) -> LaunchSpec:
     """Validate ``call`` (a written or built ``accelerate launch``) and decide how it runs here.
@@ -82,7 +89,10 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     """
     written = call.plan_flags  # --cpu means device="cpu"; a written port is used; the others are the plan's
     device = "cpu" if "--cpu" in written else device
-    port = port if port is not None or "--main_process_port" not in written else int(written["--main_process_port"])
+    if port is None and (text := written.get("--main_process_port")) is not None:
+        if not str(text).isdigit() or not 0 < int(text) < 65536:
+            raise ParameterError(f"--main_process_port={text!r} is invalid; accepted: a port number 1-65535")
+        port = int(text)
     info = validate(device=device, num_processes=call.num_processes, mixed_precision=call.mixed_precision,
                     timeout_s=timeout, info=info)
     plan = info.plan(call.num_processes, device)
@@ -93,9 +103,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     if unset:
         notes.append(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
     folder = str(cwd if cwd is not None else os.getcwd())
-    # with a config file `accelerate launch` no longer picks MULTI_NPU by itself for N processes on N NPUs
-    distributed = plan.distributed_type if plan.kind == "npu" else "NO"  # elsewhere the plan's flags decide
-    config_flags = [] if call.config_file is not None else launch_config(distributed, folder)
+    config_flags = route_config(call, plan, folder)
     why = [*plan.why]
     var = VISIBLE_VARS.get(plan.kind)
     if var and call.written_visible is not None and call.written_visible != plan.env.get(var):

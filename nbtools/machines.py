@@ -1,7 +1,8 @@
 """The machines of a multi-machine job, run at once on one host (06_multi_node; README, "What runs where").
 
 - ``simulated(text)``: the command that stands in here for one machine's ``accelerate launch`` as written for
-  two Ascend hosts: CPU ranks (device.cpu_route), Accelerate's defaults in a config file beside it.
+  two Ascend hosts: CPU ranks as the one launch rule starts them (DeviceInfo.plan with device 'cpu', its
+  config file from launcher.route_config).
 - ``run_all(jobs)``: every job through ``guarded.run_command`` in its own thread; the first failure stops the
   others (they would wait for it at the rendezvous), and so does Ctrl-C.
 - ``run_machines(texts)``: both, printing each machine's command as written, what runs and why, its output.
@@ -20,10 +21,10 @@ from dataclasses import dataclass
 
 from . import commands
 from .checks import LaunchError, LaunchTimeout, ParameterError
-from .device import cpu_route
+from .device import detect
 from .diagnose import Result, benign_blocks
 from .guarded import Shown, run_command
-from .launcher import foreign_accelerate_vars, launch_config
+from .launcher import foreign_accelerate_vars, route_config
 from .proctree import marked, stop_from_top, tops
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
@@ -69,14 +70,12 @@ def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
         raise ParameterError(f"a machine runs `accelerate launch ...`; got `{written.text[:80]}`")
     call = commands.parse_launch(text, default_processes=2)
     world = call.num_processes  # every machine's ranks together
-    route_env, mode, said = cpu_route(max(world, 2))
-    env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **route_env}
-    # the user's own Accelerate config must not change the machines' launches: Accelerate's defaults beside them
-    config = launch_config("NO", folder) if call.config_file is None else []
-    flags = [*(f for f in mode if f not in written.argv), *config, *written.argv[2:]]
+    plan = detect().plan(max(world, 2), "cpu")  # every machine's ranks together, on this host's CPU
+    env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **plan.env}
+    flags = [*(f for f in plan.mode if f not in written.argv), *route_config(call, plan, str(folder)), *written.argv[2:]]
     # ACCELERATE_* variables of this environment must not reach them either (None: removed)
     env.update(dict.fromkeys(foreign_accelerate_vars(env)))
-    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}；{said}")
+    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}；{plan.route}")
 
 
 def stop(token: str) -> bool:

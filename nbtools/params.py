@@ -19,9 +19,9 @@ import tempfile
 from pathlib import Path
 
 from .checks import DeviceError, ParameterError
-from .device import KINDS, DeviceInfo, detect
 
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
+# whole_numbers lives with the device rules it serves (num_processes); the notebooks import it from here
+from .device import MIXED_PRECISIONS, DeviceInfo, detect, known_device, whole_numbers
 
 
 def validate(
@@ -38,10 +38,8 @@ def validate(
     A broken setup (e.g. torch_npu without CANN) raises DeviceError with the fix, unless
     ``require_healthy`` is False (a notebook that explains the fix must still run).
     """
-    if device not in ("auto", *KINDS):
-        raise ParameterError(f"parameter device={device!r} is not known; accepted: 'auto', 'npu', 'cuda', 'cpu'")
-    if isinstance(num_processes, bool) or not isinstance(num_processes, int) or num_processes < 1:
-        raise ParameterError(f"parameter num_processes={num_processes!r} is invalid; accepted: an integer >= 1 (default 2)")
+    known_device(device)
+    whole_numbers(1, num_processes=num_processes)
     if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
         raise ParameterError(f"parameter timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
     info = info or detect()
@@ -58,7 +56,7 @@ def validate(
                 f"parameter mixed_precision={mixed_precision!r} is not known; accepted: {', '.join(MIXED_PRECISIONS)}"
             )
         plan_kind = info.plan(num_processes, device).kind
-        ok = ("no", "bf16") if plan_kind == "cpu" else info.mixed_precisions
+        ok = info.mixed_precisions_on(plan_kind)
         if mixed_precision not in ok:
             raise ParameterError(
                 f"parameter mixed_precision={mixed_precision!r} is not supported on {plan_kind} "
@@ -256,13 +254,6 @@ def convert_parameters(parameters: dict, defaults: dict, notebook: str = "") -> 
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
-
-
-def whole_numbers(minimum: int = 1, **params) -> None:
-    """Every keyword is an integer (not a bool) >= ``minimum``."""
-    for name, value in params.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ParameterError(f"parameter {name}={value!r} is invalid; accepted: an integer >= {minimum}")
 
 
 def numbers_between(low: float, high: float, *, inclusive: bool = True, **params) -> None:

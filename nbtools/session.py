@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import params, proctree
-from .device import DeviceInfo, LaunchPlan, _visible_list
+from .device import DeviceInfo, LaunchPlan
 from .guarded import MARKER_ENV, stop_background
 from .params import cleanup, unattended, validate
 
@@ -68,7 +68,7 @@ class Session:
         0, 1, ... where no card is visible. Asked for more than it may use, the numbers after its last card follow
         ("4,5,6" for 3 where 4,5 are visible: ascending, no card twice; the plan falls back to the CPU there)."""
         n = self.num_processes if n is None else n
-        ids = _visible_list(self.info.visible_devices, self.info.count)[:n]
+        ids = self.info.visible_ids()[:n]
         after = max((int(i) for i in ids if i.isdigit()), default=-1) + 1  # "5,4" on CUDA: 6 next, never 5 again
         return ",".join(ids + [str(i) for i in range(after, after + n - len(ids))])
 

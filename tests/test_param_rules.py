@@ -29,3 +29,33 @@ def test_numbers_between_closed_and_open():
     for bad in ("0.5", True, float("nan"), None):
         with pytest.raises(ParameterError):
             numbers_between(0, 1, min_accuracy=bad)
+
+
+def test_each_rule_is_written_once_and_every_caller_says_the_same():
+    """The count, device, precision and visible-card rules live in nbtools/device.py; params.validate, the plan, a
+    written launch and the session call them. Writing one of them again elsewhere fails here."""
+    import inspect
+    from pathlib import Path
+
+    import nbtools
+    from nbtools import commands, params
+    from nbtools.device import from_probe
+
+    cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
+    said = set()
+    for call in (lambda: params.validate(num_processes=0, info=cpu), lambda: cpu.plan(0),
+                 lambda: commands.parse_launch("accelerate launch --num_processes 0 train.py")):
+        with pytest.raises(ParameterError, match=r"num_processes=0 is invalid; accepted: an integer >= 1$") as err:
+            call()
+        said.add(str(err.value).split("num_processes")[1])
+    assert len(said) == 1
+    for call in (lambda: params.validate(device="tpu", info=cpu), lambda: cpu.resolve("tpu")):
+        with pytest.raises(ParameterError, match=r"^parameter device='tpu' is not known; accepted: 'auto', 'npu'"):
+            call()
+    with pytest.raises(ParameterError, match=r"accepted here: no, bf16$"):
+        params.validate(mixed_precision="fp16", info=cpu)
+    assert cpu.mixed_precisions == cpu.mixed_precisions_on("cpu") == ("no", "bf16")
+    sources = {p.name: p.read_text(encoding="utf-8") for p in Path(nbtools.__file__).parent.glob("*.py")}
+    for rule in ("integer >= {minimum}", "is not known; accepted: 'auto'", '("no", "bf16")', 'split(",")'):
+        assert [name for name, text in sources.items() if rule in text] == ["device.py"], rule
+    assert "isinstance(value, bool) or not isinstance(value, int)" not in inspect.getsource(params)
