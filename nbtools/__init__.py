@@ -37,7 +37,7 @@ from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
 from .diagnose import Result
 from .guarded import free_port, run_command
-from .launcher import accelerate_launch
+from .launcher import LaunchOptions, accelerate_launch
 from .params import cleanup, validate, work_dir
 from .session import Session, setup
 
@@ -64,6 +64,7 @@ __all__ = [
     "Session",
     "Result",
     "accelerate_launch",
+    "LaunchOptions",
     "assert_matches",
     "cleanup",
     "detect",

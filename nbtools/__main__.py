@@ -31,7 +31,7 @@ def _simulate(args) -> None:
 
 
 def _cmd_launch(args) -> int:
-    from .launcher import accelerate_launch
+    from .launcher import LaunchOptions, accelerate_launch
 
     _simulate(args)
     try:
@@ -42,8 +42,7 @@ def _cmd_launch(args) -> int:
             mixed_precision=args.mixed_precision,
             device=args.device,
             timeout=args.timeout,
-            timeout_name="--timeout",
-            offline=not args.online,
+            options=LaunchOptions(timeout_name="--timeout", offline=not args.online),
         )
     except LaunchTimeout as exc:
         print(f"\nnbtools launch: {exc}", file=sys.stderr)

@@ -136,19 +136,34 @@ def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
     return said
 
 
-def accelerate_launch(script: str | os.PathLike, *script_args: str, **options) -> Result | Background:
-    """``accelerate launch script ...`` on ``num_processes`` ranks, decided by ``launch_spec`` and run by ``launch``.
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """The rest of what ``accelerate_launch`` takes, by name: a misspelt one is a TypeError naming it here."""
 
-    Keywords: ``num_processes=2``, ``mixed_precision="no"``, ``env``, ``extra_flags`` (the written launch);
-    ``device``, ``timeout=600``, ``port``, ``cwd``, ``info`` (``launch_spec``); ``check``, ``offline``,
-    ``background`` (``launch``); ``echo``, ``written``, ``why``, ``timeout_name="timeout_s"`` (what is shown).
-    """
-    call = LaunchCall.of(script, *script_args, **{
-        k: options.pop(k) for k in ("num_processes", "mixed_precision", "env", "extra_flags") if k in options})
-    shown = Shown(echo=bool(options.pop("echo", True)), written=options.pop("written", None),
-                  why=options.pop("why", ""), timeout_name=options.pop("timeout_name", "timeout_s"))
-    run = {k: options.pop(k) for k in ("check", "offline", "background") if k in options}
-    return launch(launch_spec(call, **options), echo=shown, **run)
+    env: dict[str, str] | None = None  # the written launch: variables in front, flags before the script
+    extra_flags: tuple[str, ...] = ()
+    port: int | None = None  # where it runs (launch_spec)
+    cwd: str | os.PathLike | None = None
+    info: DeviceInfo | None = None
+    check: bool = True  # how it runs (launch)
+    offline: bool = True
+    background: bool = False
+    echo: bool = True  # what is shown
+    written: str | None = None
+    timeout_name: str = "timeout_s"
+
+
+def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processes: int = 2, mixed_precision: str = "no",
+                      device: str = "auto", timeout: float | None = 600,
+                      options: LaunchOptions = LaunchOptions()) -> Result | Background:
+    """``accelerate launch script ...`` on ``num_processes`` ranks, decided by ``launch_spec`` and run by ``launch``;
+    the why line is always the one the launch rule derives."""
+    o = options
+    call = LaunchCall.of(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision, env=o.env,
+                         extra_flags=o.extra_flags)
+    spec = launch_spec(call, info=o.info, device=device, timeout=timeout, port=o.port, cwd=o.cwd)
+    shown = Shown(echo=o.echo, written=o.written, timeout_name=o.timeout_name)
+    return launch(spec, check=o.check, offline=o.offline, echo=shown, background=o.background)
 
 
 def launch_config(distributed_type: str, folder: str | os.PathLike) -> list[str]:
@@ -184,7 +199,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
     abort_reruns = 0
     for attempt in range(tries):
         port = spec.next_port()
-        this = dataclasses.replace(shown, command=spec.shown(port), why=shown.why or spec.why)
+        this = dataclasses.replace(shown, command=spec.shown(port), why=spec.why)  # always the rule's own why line
         if background:
             bg = start_background(spec.argv(port), env=dict(spec.env), cwd=spec.cwd, offline=offline, echo=this)
             bg.plan, bg.port = spec.plan, port

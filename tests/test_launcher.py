@@ -20,6 +20,7 @@ from conftest import processes_mentioning, wait_gone
 import nbtools
 from nbtools import LaunchError, LaunchTimeout, commands, diagnose, launcher
 from nbtools.diagnose import unglue_warning
+from nbtools.launcher import LaunchOptions
 
 WORKER = textwrap.dedent(
     """
@@ -70,7 +71,7 @@ def test_cli_launch_gives_a_real_two_rank_group(worker, python):
 def test_a_crashing_rank_fails_fast_with_its_traceback_and_leaves_nothing(worker):
     start = time.monotonic()
     with pytest.raises(LaunchError) as err:
-        nbtools.accelerate_launch(worker, "crash", num_processes=2, timeout=180, echo=False)
+        nbtools.accelerate_launch(worker, "crash", num_processes=2, timeout=180, options=LaunchOptions(echo=False))
     assert time.monotonic() - start < 60
     msg = str(err.value)
     assert "Rank 1 failed first" in msg and "RuntimeError: boom on rank 1" in msg
@@ -82,7 +83,7 @@ def test_a_crashing_rank_fails_fast_with_its_traceback_and_leaves_nothing(worker
 def test_a_hanging_rank_is_stopped_at_the_timeout_and_leaves_nothing(worker):
     start = time.monotonic()
     with pytest.raises(LaunchTimeout) as err:
-        nbtools.accelerate_launch(worker, "hang", num_processes=2, timeout=10, timeout_name="timeout_s", echo=False)
+        nbtools.accelerate_launch(worker, "hang", num_processes=2, timeout=10, options=LaunchOptions(echo=False))
     elapsed = time.monotonic() - start
     assert 10 <= elapsed < 35
     assert "timeout_s=10 s" in str(err.value)
@@ -147,7 +148,7 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "true")  # `accelerate launch` sets it only with --debug: an exported one would reach the ranks
     plan = nbtools.detect().plan(2)
-    result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, echo=False)
+    result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, options=LaunchOptions(echo=False))
     assert result.kv["world"] == str(plan.num_processes)
     assert result.kv["distributed_type"] == plan.distributed_type
     assert result.kv["backend"] == str(plan.backend)
@@ -343,7 +344,7 @@ def test_a_gloo_teardown_abort_after_the_work_is_rerun_visibly_at_most_twice(tmp
     marker.unlink()
     script.write_text(src.replace("{limit}", "3"))
     with pytest.raises(LaunchError, match="gloo aborts at exit"):
-        nbtools.accelerate_launch(script, num_processes=1, timeout=120, echo=False)
+        nbtools.accelerate_launch(script, num_processes=1, timeout=120, options=LaunchOptions(echo=False))
     assert marker.read_text() == "3"
 
 
@@ -370,7 +371,7 @@ def test_the_printed_command_pasted_into_bash_gives_the_same_verdict(tmp_path, c
         monkeypatch.delenv(name, raising=False)  # a learner's terminal: the launcher sets them, and must say so
     (tmp_path / "w.py").write_text(WORKER)
     written = "ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 w.py"
-    result = nbtools.accelerate_launch("w.py", num_processes=2, cwd=tmp_path, timeout=240, written=written)
+    result = nbtools.accelerate_launch("w.py", num_processes=2, timeout=240, options=LaunchOptions(cwd=tmp_path, written=written))
     printed = capsys.readouterr().out
     real = re.search(r"^# runs here as: (.*)$", printed, re.M) or re.search(r"^\$ (.*)$", printed, re.M)
     also = re.search(r"^# also set: (.*)$", printed, re.M)
@@ -381,3 +382,15 @@ def test_the_printed_command_pasted_into_bash_gives_the_same_verdict(tmp_path, c
     assert proc.returncode == result.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     keys = ("world", "distributed_type", "backend", "gathered")
     assert {k: nbtools.parse_kv(proc.stdout)[k] for k in keys} == {k: result.kv[k] for k in keys}, proc.stdout
+
+
+def test_accelerate_launch_takes_its_options_by_name_and_never_a_why():
+    import inspect
+
+    params = inspect.signature(nbtools.accelerate_launch).parameters
+    assert all(p.kind in (p.VAR_POSITIONAL, p.KEYWORD_ONLY) for n, p in params.items() if n != "script")
+    assert "why" not in params and "why" not in {f.name for f in dataclasses.fields(LaunchOptions)}
+    with pytest.raises(TypeError, match="tiemout"):
+        nbtools.accelerate_launch("w.py", tiemout=5)
+    with pytest.raises(TypeError, match="LaunchOptions.*ech"):
+        LaunchOptions(ech=False)

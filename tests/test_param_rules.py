@@ -59,3 +59,16 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
     for rule in ("integer >= {minimum}", "is not known; accepted: 'auto'", '("no", "bf16")', 'split(",")'):
         assert [name for name, text in sources.items() if rule in text] == ["device.py"], rule
     assert "isinstance(value, bool) or not isinstance(value, int)" not in inspect.getsource(params)
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "70000"])
+def test_a_written_port_that_is_no_port_number_is_a_parameter_error(port, tmp_path):
+    from nbtools.commands import parse_launch
+    from nbtools.device import from_probe
+    from nbtools.launcher import launch_spec
+
+    cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
+    call = parse_launch(f"accelerate launch --num_processes 2 --main_process_port {port} train.py")
+    with pytest.raises(ParameterError, match=rf"--main_process_port='{port}' is invalid; accepted: a port number 1-65535"):
+        launch_spec(call, info=cpu, cwd=tmp_path)
+    assert launch_spec(parse_launch("accelerate launch --main_process_port 29501 t.py"), info=cpu, cwd=tmp_path).port == 29501
