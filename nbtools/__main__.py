@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from .checks import LaunchError, LaunchTimeout, NbtoolsError
+from .checks import LaunchError, LaunchTimeout, NbtoolsError, Status
 
 
 def _simulate(args) -> None:
@@ -73,10 +73,10 @@ def _cmd_run(args) -> int:
     paths = report_mod.write_all(rep, out)
     counts = report_mod.status_counts(rep)
     for c in rep.checks:
-        if c.status != "passed":
+        if c.status != Status.PASSED:
             print(f"  {c.status:>8}  {c.id}  ({c.notebook}) {c.reason}")
     for n in rep.notebooks:
-        if n.status == "failed" and n.kernel_log:
+        if n.status == Status.FAILED and n.kernel_log:
             print(f"  kernel log of {n.path}: {out / n.kernel_log}")
     print(report_mod.summary_line(rep, counts))
     print("report: " + ", ".join(str(p) for p in paths))

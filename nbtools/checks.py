@@ -23,6 +23,30 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
+
+
+class Status(str, Enum):
+    """The one set of verdicts, for checks (passed, failed, skipped, missing) and notebooks (passed, failed,
+    not-run), as report.json, junit.xml, report.md and index.html write them."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+    MISSING = "missing"
+    NOT_RUN = "not-run"
+    __str__ = str.__str__  # "passed" in f-strings and templates, on every Python
+    __format__ = str.__format__
+
+    @property
+    def ok(self) -> bool:
+        """A run passes when every verdict is ok: passed, or skipped with its reason."""
+        return self in (Status.PASSED, Status.SKIPPED)
+
+    @property
+    def colours(self) -> tuple[str, str]:
+        """index.html's badge: background and text colour."""
+        return {Status.PASSED: ("#dafbe1", "#116329"), Status.SKIPPED: ("#fff8c5", "#7d4e00")}.get(self, ("#ffebe9", "#a40e26"))
 
 # --- the errors nbtools raises on purpose ---
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from urllib.parse import quote
@@ -31,7 +32,7 @@ from xml.etree import ElementTree as ET
 import jinja2
 import nbformat
 
-from .checks import check_ids
+from .checks import Status, check_ids
 from .commands import shell_line
 from .device import device_line, installed
 
@@ -49,7 +50,7 @@ def summary_line(report: RunReport, counts: dict | None = None) -> str:
     counts = counts or status_counts(report)
     verdict = report.verdict
     checks = counted(counts["checks"]) or "no"
-    passed = counts["notebooks"].get("passed", 0)
+    passed = counts["notebooks"].get(Status.PASSED, 0)
     simulated = " on the simulated NPU (code paths and wiring, not the hardware)" if report.device.get("simulated") else ""
     return (
         f"{verdict}: {checks} checks; {passed}/{len(report.notebooks)} notebooks passed in {report.duration_s:.1f} s"
@@ -110,6 +111,7 @@ def context(report: RunReport) -> dict:
         "parameters": parameters_line(report.parameters),
         "counts": counts,
         "summary": summary_line(report, counts),
+        "statuses": list(Status),
     }
 
 
@@ -124,17 +126,17 @@ def write_junit(report: RunReport, path: Path) -> None:
     ET.SubElement(props, "property", name="device", value=xml_text(device_line(report.device)))
     for n in report.notebooks:
         case = ET.SubElement(suite, "testcase", classname=f"{sim}notebooks", name=xml_text(n.path), time=f"{n.duration_s:.2f}")
-        if n.status != "passed":
+        if n.status != Status.PASSED:
             ET.SubElement(case, "failure", message=xml_text(n.error or n.status)).text = xml_text(n.error or n.status)
     for c in report.checks:
         case = ET.SubElement(suite, "testcase", classname=f"{sim}checks.{c.notebook or 'unclaimed'}", name=xml_text(c.id))
-        if c.status in ("failed", "missing"):
+        if not Status(c.status).ok:
             ET.SubElement(case, "failure", message=xml_text(f"{c.status}: {c.reason}"))
-        elif c.status == "skipped":
-            ET.SubElement(case, "skipped", message=xml_text(c.reason))
+        elif c.status == Status.SKIPPED:
+            ET.SubElement(case, Status.SKIPPED, message=xml_text(c.reason))
     totals = status_counts(report)["junit"]
-    for key in ("tests", "failures", "skipped"):
-        suite.set(key, str(totals[key]))
+    for key, n in totals.items():  # tests, failures, skipped
+        suite.set(key, str(n))
     suite.set("errors", "0")
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
 
@@ -259,20 +261,50 @@ DEFAULT_KERNEL = "python3"
 
 
 @dataclass
+class Failure:
+    """Why a notebook stopped, kept as data from the kernel to report.json: PapermillExecutionError's fields, the
+    check the failing cell judges, or the exception of a run that broke off (a timeout, a dead kernel, a signal)."""
+
+    ename: str
+    evalue: str = ""
+    cell_index: int | None = None  # the failing cell's index in the notebook papermill ran (0-based; its error
+    # markers, papermill-error-cell-tag, come into the saved copy afterwards)
+    exec_count: int | None = None  # its In[n]
+    check_id: str = ""  # the check that cell judges ("" when it is no check cell)
+    traceback: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, exc: BaseException) -> Failure:
+        if ename := getattr(exc, "ename", None):
+            return cls(ename, strip_ansi(str(getattr(exc, "evalue", ""))).strip(), getattr(exc, "cell_index", None),
+                       getattr(exc, "exec_count", None), traceback=[strip_ansi(t) for t in getattr(exc, "traceback", [])])
+        lines = strip_ansi(str(exc)).strip().splitlines()
+        return cls(type(exc).__name__, lines[-1] if lines else "")
+
+    def summary(self, name: bool = True) -> str:
+        """One line: the exception's first line, the fix it names, and the cell (In[n])."""
+        lines = [ln.strip() for ln in self.evalue.splitlines()]
+        fixes = [ln for ln in lines[1:] if ln.lower().startswith("fix:")]  # keep what to do
+        cell = [f"(cell In[{self.exec_count}])"] if self.exec_count is not None else []
+        return " ".join([f"{self.ename}: " * name + (lines[0] if lines else ""), *fixes, *cell]).strip()
+
+
+@dataclass
 class NotebookResult:
     path: str
-    status: str  # passed / failed / not-run
+    status: Status  # passed / failed / not-run
     duration_s: float = 0.0
-    error: str = ""
+    error: str = ""  # the failure in one line, as the CLI, report.md and index.html say it
     output: str = ""  # executed notebook, relative to the output dir
     kernel_log: str = ""  # the kernel process' own output, relative to the output dir
     parameters: dict = field(default_factory=dict)  # what was injected, converted for this notebook
+    failure: Failure | None = None
 
 
 @dataclass
 class CheckResult:
     id: str
-    status: str  # passed / failed / skipped / missing
+    status: Status  # passed / failed / skipped / missing
     notebook: str = ""
     reason: str = ""
     seed: bool = False
@@ -298,8 +330,8 @@ class RunReport:
     def ok(self) -> bool:
         return (
             not self.stopped_by
-            and all(n.status == "passed" for n in self.notebooks)
-            and all(c.status in ("passed", "skipped") for c in self.checks)
+            and all(n.status == Status.PASSED for n in self.notebooks)
+            and all(Status(c.status).ok for c in self.checks)
         )
 
 
@@ -315,19 +347,15 @@ def strip_ansi(text: str) -> str:
 
 def status_counts(report: RunReport) -> dict:
     """{"checks": {status: n}, "notebooks": {status: n}, "junit": {tests, failures, skipped}}: the one count."""
-    checks: dict[str, int] = {}
-    for c in report.checks:
-        checks[c.status] = checks.get(c.status, 0) + 1
-    notebooks: dict[str, int] = {}
-    for n in report.notebooks:
-        notebooks[n.status] = notebooks.get(n.status, 0) + 1
-    failures = sum(v for k, v in notebooks.items() if k != "passed") + checks.get("failed", 0) + checks.get("missing", 0)
+    checks, notebooks = Counter(c.status for c in report.checks), Counter(n.status for n in report.notebooks)
+    failures = sum(v for k, v in notebooks.items() if k != Status.PASSED) + sum(
+        v for k, v in checks.items() if not Status(k).ok)
     return {
         "checks": dict(sorted(checks.items())),
         "notebooks": dict(sorted(notebooks.items())),
         "junit": {
             "tests": len(report.notebooks) + len(report.checks),
             "failures": failures,
-            "skipped": checks.get("skipped", 0),
+            Status.SKIPPED: checks.get(Status.SKIPPED, 0),
         },
     }

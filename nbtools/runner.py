@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import sys
@@ -35,12 +34,12 @@ from string import Template
 
 import nbformat
 
-from .checks import SEED_CHECKS, VERDICT, ParameterError, check_ids
+from .checks import SEED_CHECKS, VERDICT, ParameterError, Status, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .kernels import KernelsAhead, KernelState, ipc_dir
 from .params import convert_parameters, parameter_defaults
 from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill
-from .report import DEFAULT_KERNEL, CheckResult, NotebookResult, RunReport, strip_ansi
+from .report import DEFAULT_KERNEL, CheckResult, Failure, NotebookResult, RunReport, strip_ansi
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
@@ -70,22 +69,25 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     return [p.resolve() for p in found]
 
 
-def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[str, str]:
+NOT_REACHED = "没有运行：笔记本在这个单元格之前就停了"
+
+
+def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]:
     """(status, reason) of one check cell; a failure's reason is its error's first line, or all of it (``full``)."""
     outputs = cell.get("outputs", [])
     e = next((o for o in outputs if o.get("output_type") == "error"), None)
     if e is not None:
         value = strip_ansi(str(e.get("evalue", ""))).strip()
         value = value if full else (value.splitlines() or [""])[0]
-        return "failed", f"{e.get('ename', 'Error')}: {value}".strip()
+        return Status.FAILED, f"{e.get('ename', 'Error')}: {value}".strip()
     if cell.get("execution_count") is None and not outputs:
-        return "failed", "not run: the notebook stopped before this cell"
+        return Status.FAILED, NOT_REACHED
     # stdout only: a stderr chunk without a newline (tqdm's '\r' progress) must not glue onto the verdict
     text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
     for status, cid, reason in VERDICT.findall(text):
         if cid == check_id:
-            return ("passed", reason) if status == "PASSED" else ("skipped", reason)
-    return "failed", "the assertion cell printed no verdict line"
+            return Status[status], reason  # the verdict line's PASSED / SKIPPED
+    return Status.FAILED, "检查单元格没有打印判定行"
 
 
 def judge_checks(nb, notebook_name: str, full: bool = False) -> list[CheckResult]:
@@ -104,16 +106,6 @@ def unexecuted_cells(nb) -> list[int]:
         for i, c in enumerate(nb.cells)
         if c.cell_type == "code" and c.source.strip() and c.get("execution_count") is None
     ]
-
-
-def _error_summary(exc: BaseException) -> str:
-    if ename := getattr(exc, "ename", None):
-        evalue = [ln.strip() for ln in strip_ansi(str(getattr(exc, "evalue", ""))).strip().splitlines()]
-        cell = getattr(exc, "exec_count", None)
-        fixes = [ln for ln in evalue[1:] if ln.lower().startswith("fix:")]  # keep what to do
-        return " ".join([f"{ename}: {evalue[0] if evalue else ''}", *fixes, f"(cell In[{cell}])"])
-    lines = strip_ansi(str(exc)).strip().splitlines()
-    return f"{type(exc).__name__}: {lines[-1] if lines else ''}"
 
 
 # --- the kernel: its interpreter, its environment, its log, and how it is stopped ----------
@@ -337,7 +329,7 @@ class _Run:
         """Run notebook ``i`` (1-based) and add its result and its checks to the report."""
         where = f"[{i}/{len(self.plan.notebooks)}] {path.name}"
         if self.stopper.signum and not self.stop_reason:
-            self.stop_reason = f"not run: the run was stopped by {self.stopper.name}"
+            self.stop_reason = f"没有运行：这次运行被 {self.stopper.name} 停止"
         if self.stop_reason:
             self.not_run(path)
             print(f"{where}: not run ({self.stop_reason})")
@@ -347,31 +339,34 @@ class _Run:
         print(f"{where}: running ...")
         start = time.monotonic()
         nxt = self.plan.notebooks[i] if i < len(self.plan.notebooks) else None
-        error = self.execute(path, nb_params, nxt)
+        failure = self.execute(path, nb_params, nxt)
         duration = time.monotonic() - start
         executed = nbformat.read(out_path, as_version=4) if out_path.exists() else self.plan.sources[path]
-        error = self.explain(error, executed)
-        status = "failed" if error else "passed"
+        if failure is not None and failure.exec_count is not None:  # the check of the cell that raised, found by In[n]
+            cell = next((c for c in executed.cells if c.get("execution_count") == failure.exec_count), {})
+            failure.check_id = next(iter(check_ids(cell.get("metadata", {}).get("tags"))), "")
+        error = self.explain(failure, executed)
+        status = Status.FAILED if error else Status.PASSED
         self.report.notebooks.append(
             NotebookResult(path.name, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
-                           self.kernels.log_for(path).name, nb_params)
+                           self.kernels.log_for(path).name, nb_params, failure)
         )
         self.report.checks.extend(judge_checks(executed, path.name))
         print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
         if error and not self.stopper.signum and not self.info.healthy:
             problem = next(p for p in self.info.problems if p.blocking)
-            self.stop_reason = f"not run: the setup is broken ({problem.what}); fix: {problem.fix}"
+            self.stop_reason = f"没有运行：环境有问题（{problem.what}）；修复：{problem.fix}"
 
     def not_run(self, path: Path) -> None:
         rel = path.name
-        self.report.notebooks.append(NotebookResult(rel, "not-run", error=self.stop_reason))
+        self.report.notebooks.append(NotebookResult(rel, Status.NOT_RUN, error=self.stop_reason))
         self.report.checks.extend(
-            CheckResult(c.id, "failed", rel, self.stop_reason, c.seed) for c in judge_checks(self.plan.sources[path], rel)
+            CheckResult(c.id, Status.FAILED, rel, self.stop_reason, c.seed) for c in judge_checks(self.plan.sources[path], rel)
         )
 
-    def execute(self, path: Path, nb_params: dict, nxt: Path | None) -> str:
+    def execute(self, path: Path, nb_params: dict, nxt: Path | None) -> Failure | None:
         """Run ``path`` with papermill in its kernel (started ahead, shut down at the end); start
-        the kernel of the notebook ``nxt`` after it meanwhile. The error, or "" when none."""
+        the kernel of the notebook ``nxt`` after it meanwhile. Its failure, or None."""
         import papermill as pm
 
         try:
@@ -391,18 +386,19 @@ class _Run:
                     on_cell_executed=state.on_cell_executed,
                 )
         except Exception as exc:  # papermill raises PapermillExecutionError, timeouts, dead kernels
-            return _error_summary(exc)
+            return Failure.of(exc)
         except KeyboardInterrupt:  # a signal before our handlers, or a cell refused after a stop
-            return "KeyboardInterrupt"
-        return ""
+            return Failure("KeyboardInterrupt")
+        return None
 
-    def explain(self, error: str, executed) -> str:
+    def explain(self, failure: Failure | None, executed) -> str:
         """The notebook's error as the report says it: what a stop signal did, cells that never ran."""
+        error = failure.summary() if failure else ""
         if self.stopper.signum:
-            where = re.sub(r"^(KeyboardInterrupt|RunStopped): ?", "", error).strip()
-            return f"stopped by {self.stopper.name}: the kernel and its launches were stopped" + (f"; {where}" if where else "")
+            where = failure.summary(name=failure.ename not in ("KeyboardInterrupt", "RunStopped")) if failure else ""
+            return f"被 {self.stopper.name} 停止：内核和它启动的进程都已结束" + (f"；{where}" if where else "")
         if not error and (pending := unexecuted_cells(executed)):
-            return f"{len(pending)} cell(s) never ran (first: cell {pending[0]}); did a cell call sys.exit()?"
+            return f"有 {len(pending)} 个单元格没有运行（第一个：单元格 {pending[0]}）；是不是有单元格调用了 sys.exit()？"
         return error
 
 
@@ -459,8 +455,8 @@ def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
                     others.setdefault(cid, p.name)
     for cid in (c for c in SEED_CHECKS if c not in have):
         if cid in others:
-            report.checks.append(CheckResult(cid, "skipped", others[cid], f"not selected: {others[cid]} was not run", True))
+            report.checks.append(CheckResult(cid, Status.SKIPPED, others[cid], f"未选中：这次没有运行 {others[cid]}", True))
         else:
-            report.checks.append(CheckResult(cid, "missing", "", "no notebook cell is tagged check:" + cid, True))
+            report.checks.append(CheckResult(cid, Status.MISSING, "", f"没有哪个单元格带 check:{cid} 标签", True))
     order = {cid: i for i, cid in enumerate(SEED_CHECKS)}
     report.checks.sort(key=lambda c: (order.get(c.id, len(order)), not c.seed))

@@ -68,7 +68,7 @@ from pathlib import Path
 import nbformat
 from packaging.requirements import Requirement
 
-from .checks import SEED_CHECKS, ParameterError, check_ids
+from .checks import SEED_CHECKS, ParameterError, Status, check_ids
 from .device import direct_url
 from .doctor import REQUIREMENTS, series_requirements
 from .runner import default_notebooks_dir
@@ -341,7 +341,7 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
 def judge(answer: Answer, verdicts: dict[str, tuple[str, str]]) -> None:
     """Compare the variant's check verdicts (id -> (status, reason)) with what the answer expects."""
     for check_id, want in answer.spec["expect"].items():
-        status, reason = verdicts.get(check_id, ("missing", "the variant has no such check"))
+        status, reason = verdicts.get(check_id, (Status.MISSING, "the variant has no such check"))
         kind, _, pattern = want.partition(":")
         if status != kind.strip():
             answer.problems.append(f"{check_id}: expected {want!r}, got {status} ({reason[:300]})")

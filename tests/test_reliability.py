@@ -127,7 +127,7 @@ def test_signal_to_run_stops_the_kernel_and_its_launch(name, tmp_path):
     report = json.loads((out / "report.json").read_text(encoding="utf-8"))  # it wrote what it had
     assert report["stopped_by"] == name and report["summary"]["ok"] is False
     first, second = report["notebooks"]
-    assert first["status"] == "failed" and first["error"].startswith(f"stopped by {name}"), first
+    assert first["status"] == "failed" and first["error"].startswith(f"被 {name} 停止"), first
     assert second["status"] == "not-run" and name in second["error"], second
     assert (out / "00_launch.ipynb").is_file() and (out / "junit.xml").is_file()
     assert f"STOPPED by {name}" in stdout

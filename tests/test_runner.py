@@ -108,6 +108,22 @@ def series(tmp_path_factory):
     return d, out, proc, report
 
 
+def test_a_failing_check_reaches_report_json_as_data(series):
+    """The failing cell's index, its check, the exception's name, value and traceback: as the kernel reported them in
+    the executed notebook, unchanged in report.json (no text read back)."""
+    _, out, _, report = series
+    failure = next(n for n in report["notebooks"] if n["path"] == "01_bad.ipynb")["failure"]
+    executed = nbformat.read(out / "01_bad.ipynb", as_version=4)
+    executed.cells = [c for c in executed.cells if "papermill-error-cell-tag" not in c.metadata.get("tags", [])]
+    index = next(i for i, c in enumerate(executed.cells) if "check:acc-launch" in c.metadata.get("tags", []))
+    error = next(o for o in executed.cells[index].outputs if o.output_type == "error")
+    assert (failure["cell_index"], failure["check_id"], failure["exec_count"]) == (
+        index, "acc-launch", executed.cells[index].execution_count)
+    assert (failure["ename"], failure["evalue"]) == (error.ename, error.evalue) == ("AssertionError", "arithmetic is broken")
+    assert len(failure["traceback"]) == len(error.traceback) and "assert 1 + 1 == 3" in "".join(failure["traceback"])
+    assert next(n for n in report["notebooks"] if n["path"] == "00_good.ipynb")["failure"] is None
+
+
 def test_exit_code_is_non_zero_when_anything_failed(series):
     _, _, proc, report = series
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -119,7 +135,7 @@ def test_notebook_statuses_include_sys_exit_as_failed(series):
     by = {n["path"]: n for n in report["notebooks"]}
     assert by["00_good.ipynb"]["status"] == "passed"
     assert by["01_bad.ipynb"]["status"] == "failed" and "arithmetic is broken" in by["01_bad.ipynb"]["error"]
-    assert by["02_exit.ipynb"]["status"] == "failed" and "never ran" in by["02_exit.ipynb"]["error"]
+    assert by["02_exit.ipynb"]["status"] == "failed" and "个单元格没有运行" in by["02_exit.ipynb"]["error"]
     assert all(n["duration_s"] > 0 for n in report["notebooks"])
 
 
@@ -131,9 +147,9 @@ def test_check_statuses(series):
         "id": "acc-install-source", "status": "skipped", "notebook": "00_good.ipynb",
         "reason": "needs the network", "seed": True,
     }
-    assert by["extra-silent"]["status"] == "failed" and "no verdict" in by["extra-silent"]["reason"]
+    assert by["extra-silent"]["status"] == "failed" and "没有打印判定行" in by["extra-silent"]["reason"]
     assert by["acc-launch"]["status"] == "failed" and "AssertionError" in by["acc-launch"]["reason"]
-    assert by["acc-prepare"]["status"] == "failed" and "not run" in by["acc-prepare"]["reason"]
+    assert by["acc-prepare"]["status"] == "failed" and "没有运行" in by["acc-prepare"]["reason"]
     assert by["acc-env"]["status"] == "failed"
     # every seed id has an entry; those no cell claims are 'missing'
     assert set(SEED_CHECKS) <= set(by)
