@@ -249,3 +249,22 @@ def test_the_bench_scripts_still_import_what_they_use():
         proc = subprocess.run([sys.executable, str(Path(ROOT) / "bench" / script), "--help"], capture_output=True,
                               text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_no_status_is_written_as_a_string_outside_the_status_type():
+    """Verdicts are nbtools.checks.Status members everywhere: a "passed" or "not-run" literal elsewhere fails here
+    (the names passed / skipped in __init__'s __all__ are functions), and so does one in a template."""
+    from nbtools.checks import Status
+
+    values = {s.value for s in Status}
+    found = []
+    for name, tree in _modules().items():
+        exported = {id(e) for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
+            getattr(t, "id", "") == "__all__" for t in n.targets) for e in n.value.elts}
+        status_class = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef) and n.name == "Status"]
+        inside = {id(n) for c in status_class for n in ast.walk(c)}
+        found += [f"{name}.py:{n.lineno} {n.value!r}" for n in ast.walk(tree) if isinstance(n, ast.Constant)
+                  and n.value in values and id(n) not in exported | inside]
+    for template in (PACKAGE / "templates").glob("*.j2"):
+        found += [f"{template.name}: {v}" for v in values if f"st-{v}" in template.read_text(encoding="utf-8")]
+    assert not found, found
