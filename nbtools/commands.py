@@ -170,7 +170,7 @@ def executable(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if not found:
-        raise CommandNotHere(f"`{name}` is not installed in this environment ({sys.executable}); `pip install {name}`")
+        raise CommandNotHere(f"这个环境（{sys.executable}）里没有装 `{name}`：`pip install {name}`")
     return found
 
 
@@ -279,7 +279,7 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
         argv[0] = executable("accelerate")
         real.why.append("`accelerate` 换成内核所在环境里的命令")
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
-        raise CommandNotHere(f"`npu-smi` exists only on Ascend hosts (with the NPU driver), not on this {info.kind.upper()}")
+        raise CommandNotHere(f"`npu-smi` 只在装了 NPU 驱动的昇腾主机上有，这台是 {info.kind.upper()}")
     _visible_rule(env, info, real)
     return real
 

@@ -230,18 +230,15 @@ class DeviceInfo:
         flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
         fallback = kind != "cpu" and self.count < n
         if fallback:
-            note = (
-                f"CPU (gloo) stand-in: {n} processes asked, but only {self.count} "
-                f"{kind.upper()} device(s) visible ({self.visible_var}={self.visible_devices or 'unset'}); "
-                f"hccl/nccl collectives are NOT exercised by this run"
-            )
+            note = (f"CPU（gloo）代跑：要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}"
+                    f"（{self.visible_var}={self.visible_devices or '未设置'}）；这次运行没有用到 hccl/nccl 集合通信")
             env, mode, said = cpu_route(n)
             why.append(f"要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}：CPU 代跑（{said}），hccl/nccl 没有用到")
             kind = "cpu"
         elif kind == "cpu":
             env, mode, said = cpu_route(n)
-            note = f"CPU: {n} process(es), gloo backend" if self.kind == "cpu" else (
-                f"CPU requested although {self.count} {self.kind.upper()} device(s) are visible")
+            note = f"CPU：{n} 个进程，gloo 后端" if self.kind == "cpu" else (
+                f"CPU：看得见 {self.count} 张 {self.kind.upper()}，但要的是 device='cpu'")
             where = "这里没有 NPU" if self.kind == "cpu" else f"在 {self.kind.upper()} 机器上要了 device='cpu'"
             why.append(f"{where}：" + (said if n == 1 else f"CPU 上 `accelerate launch --num_processes {n}` "
                                                          f"只启动一个进程；{said}"))
@@ -254,7 +251,7 @@ class DeviceInfo:
                 why.append(f"这里是 CUDA：用 {VISIBLE_VARS['cuda']} 代替 {VISIBLE_VARS['npu']}"
                            + ("，并加 --multi_gpu" if mode else ""))
             head = SIMULATED if kind == "npu" and self.simulated else kind.upper()
-            note = f"{head}: {n} process(es) on {', '.join(self.names[:n]) or kind}"
+            note = f"{head}：{n} 个进程，在 {', '.join(self.names[:n]) or kind} 上"
             if kind == "npu" and self.simulated:
                 why.append("模拟的 NPU（在 CPU 上，hccl 走 gloo）：证明代码路径与连线，不证明硬件")
         return LaunchPlan(

@@ -101,7 +101,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     # ACCELERATE_* variables exported in the kernel would change the launch: they are removed.
     unset = foreign_accelerate_vars(run_env)
     if unset:
-        notes.append(f"[nbtools] ignoring {', '.join(sorted(unset))} from this environment (the plan sets what the launch needs)")
+        notes.append(f"[nbtools] 不用这个环境里的 {', '.join(sorted(unset))}（启动需要的变量由启动计划给出）")
     folder = str(cwd if cwd is not None else os.getcwd())
     config_flags = route_config(call, plan, folder)
     why = [*plan.why]

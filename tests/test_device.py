@@ -92,7 +92,7 @@ def test_probe_substituted_one_cuda_two_processes_falls_back_to_cpu_labelled():
     info = from_probe(CUDA1, environ={})
     plan = info.plan(2)
     assert plan.fallback and plan.kind == "cpu" and plan.backend == "gloo"
-    assert "CPU (gloo) stand-in" in plan.note and "NOT exercised" in plan.note
+    assert "CPU（gloo）代跑" in plan.note and "没有用到 hccl/nccl" in plan.note
     assert plan.env == {"ACCELERATE_USE_CPU": "1"}
     single = info.plan(1)
     assert single.kind == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback

@@ -76,7 +76,7 @@ def test_visible_devices_variable_per_platform():
 
 def test_npu_smi_absent_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(commands.shutil, "which", lambda name: None)
-    with pytest.raises(CommandNotHere, match="only on Ascend hosts"):
+    with pytest.raises(CommandNotHere, match="只在装了 NPU 驱动的昇腾主机上有"):
         commands.command_here(commands.parse("npu-smi info"), info(CPU))
     assert issubclass(CommandNotHere, nbtools.NbtoolsError)
 
@@ -149,9 +149,9 @@ def test_written_plan_flags_are_honoured_or_named(tmp_path):
 def test_a_launch_on_the_simulated_npu_says_so(tmp_path):
     call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
     sim = launcher.launch_spec(call, info=info(dict(NPU2, torch_npu="2.9.0.post2+simulated", npu_simulated=True)), cwd=tmp_path)
-    assert "模拟的 NPU" in sim.why and "不证明硬件" in sim.why and sim.plan.note.startswith("NPU (simulated on CPU): 2")
+    assert "模拟的 NPU" in sim.why and "不证明硬件" in sim.why and sim.plan.note.startswith("NPU (simulated on CPU)：2 个进程")
     real = launcher.launch_spec(call, info=info(NPU2), cwd=tmp_path)
-    assert "模拟" not in real.why and real.plan.note.startswith("NPU: 2")
+    assert "模拟" not in real.why and real.plan.note.startswith("NPU：2 个进程")
 
 
 def test_the_why_line_follows_the_plan(tmp_path, monkeypatch):
