@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nbtools import device
-from nbtools.checks import ParameterError
+from nbtools.errors import ParameterError
 
 DEFAULT_FILES = (
     "test_accelerator",

@@ -19,23 +19,12 @@ _TOO_OLD = floors.refusal({"python": ".".join(map(str, sys.version_info[:3]))})
 if _TOO_OLD:
     raise (SystemExit if sys.argv[:1] == ["-m"] else ImportError)("nbtools: " + _TOO_OLD)
 
-from .checks import (
-    SEED_CHECKS,
-    DeviceError,
-    LaunchError,
-    LaunchTimeout,
-    NbtoolsError,
-    OutputMismatch,
-    ParameterError,
-    assert_matches,
-    match,
-    parse_kv,
-    passed,
-    skipped,
-)
+from .checks import SEED_CHECKS, passed, skipped
 from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
 from .diagnose import Result
+from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
+from .expected import assert_matches, match, parse_kv
 from .guarded import free_port, run_command
 from .launcher import LaunchOptions, accelerate_launch
 from .params import cleanup, validate, work_dir

@@ -9,13 +9,14 @@ import sys
 import time
 from pathlib import Path
 
-from .checks import LaunchError, LaunchTimeout, NbtoolsError, Status
+from .checks import Status
+from .errors import LaunchError, LaunchTimeout, NbtoolsError
 
 
 def _simulate(args) -> None:
     """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
-    from .checks import ParameterError
     from .device import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare
+    from .errors import ParameterError
 
     if not getattr(args, "simulate_npu", False):
         knobs = [f for f, v in (("--npu-cards", getattr(args, "npu_cards", None)), ("--npu-soc", getattr(args, "npu_soc", None)))

@@ -39,8 +39,8 @@ from collections.abc import Iterable, Mapping
 
 import psutil
 
-from .checks import NbtoolsError
 from .commands import split_targets as split_targets
+from .errors import NbtoolsError
 
 
 def _program(text: str) -> str:

@@ -19,7 +19,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .checks import NbtoolsError
+from .errors import NbtoolsError
 
 FILES = ("report.json", "result.json", "junit.xml")
 _TOKENS = re.compile(r"\b(?:hf_|ghp_|gho_|ghs_|github_pat_|sk-)[A-Za-z0-9_]{16,}")

@@ -23,8 +23,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .checks import NbtoolsError, ParameterError
 from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo, whole_numbers
+from .errors import NbtoolsError, ParameterError
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
 CUDA_VAR = VISIBLE_VARS["cuda"]

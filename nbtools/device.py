@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import floors
-from .checks import DeviceError, ParameterError
+from .errors import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")

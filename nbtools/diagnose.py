@@ -10,8 +10,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .checks import LaunchError, parse_kv
 from .device import CANN_FIX, LaunchPlan
+from .errors import LaunchError
+from .expected import parse_kv
 
 # The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")

@@ -23,10 +23,10 @@ import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .checks import LaunchError, LaunchTimeout
 from .commands import shell_line
 from .device import LaunchPlan
 from .diagnose import Result, benign_blocks, raise_on_failure, timeout_message, unglue_warning
+from .errors import LaunchError, LaunchTimeout
 from .proctree import GRACE, kill_now
 
 GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here

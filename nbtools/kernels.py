@@ -35,7 +35,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty
 
-from .checks import NbtoolsError
+from .errors import NbtoolsError
 
 # What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
 # reads NBTOOLS_UNATTENDED (a private temporary folder, removed at the end); the other two make

@@ -17,10 +17,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from .checks import LaunchError, ParameterError
 from .commands import LaunchCall, executable, shell_line
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
 from .diagnose import Result, gloo_exit_abort, raise_on_failure
+from .errors import LaunchError, ParameterError
 from .guarded import Background, Shown, as_shown, free_port, run_command, start_background
 from .params import validate
 

@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass
 
 from . import commands
-from .checks import LaunchError, LaunchTimeout, ParameterError
 from .device import detect
 from .diagnose import Result, benign_blocks
+from .errors import LaunchError, LaunchTimeout, ParameterError
 from .guarded import Shown, run_command
 from .launcher import foreign_accelerate_vars, route_config
 from .proctree import marked, stop_from_top, tops

@@ -22,9 +22,9 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import commands, session
-from .checks import LaunchError, ParameterError
 from .device import detect
 from .diagnose import Result
+from .errors import LaunchError, ParameterError
 from .guarded import Shown, run_command
 from .launcher import launch, launch_spec
 

@@ -18,10 +18,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .checks import DeviceError, ParameterError
-
 # whole_numbers lives with the device rules it serves (num_processes); the notebooks import it from here
 from .device import MIXED_PRECISIONS, DeviceInfo, detect, known_device, whole_numbers
+from .errors import DeviceError, ParameterError
 
 
 def validate(

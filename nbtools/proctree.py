@@ -174,7 +174,7 @@ def time_limit(seconds: float, what: str, grace: float = 15.0):
     the main thread is interrupted. Either way the block ends with a ``LaunchTimeout`` naming
     ``what``, the limit and the pids that were stopped, instead of a cell that hangs for good.
     """
-    from .checks import LaunchTimeout  # here, not at the top: the guardian imports this module alone
+    from .errors import LaunchTimeout  # here, not at the top: the guardian imports this module alone
 
     before = {p.pid for p in descendants()}
     fired = threading.Event()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .checks import ANY_LINES, RANK_PREFIX, assert_matches
+from .expected import ANY_LINES, RANK_PREFIX, assert_matches
 
 _KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
 

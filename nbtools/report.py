@@ -163,8 +163,6 @@ def result_record(report: RunReport, environ=os.environ) -> dict:
 
 
 def write_all(report: RunReport, output_dir: Path) -> list[Path]:
-    from .report import write_html
-
     paths = [output_dir / name for name in ("report.json", "report.md", "junit.xml", "result.json")]
     write_json(report, paths[0])
     paths[3].write_text(json.dumps(result_record(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")

@@ -34,8 +34,9 @@ from string import Template
 
 import nbformat
 
-from .checks import SEED_CHECKS, VERDICT, ParameterError, Status, check_ids
+from .checks import SEED_CHECKS, VERDICT, Status, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
+from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
 from .params import convert_parameters, parameter_defaults
 from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill

@@ -68,9 +68,10 @@ from pathlib import Path
 import nbformat
 from packaging.requirements import Requirement
 
-from .checks import SEED_CHECKS, ParameterError, Status, check_ids
+from .checks import SEED_CHECKS, Status, check_ids
 from .device import direct_url
 from .doctor import REQUIREMENTS, series_requirements
+from .errors import ParameterError
 from .runner import default_notebooks_dir
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)

@@ -1,0 +1,34 @@
+"""The exceptions nbtools raises on purpose, each carrying what a learner needs to act on it."""
+
+from __future__ import annotations
+
+
+class NbtoolsError(Exception):
+    """Base class for every error nbtools raises on purpose."""
+
+
+class DeviceError(NbtoolsError):
+    """The requested device is not here, or the setup to use it is broken."""
+
+
+class ParameterError(NbtoolsError, ValueError):
+    """A notebook or CLI parameter has a value that cannot work; says which and what is accepted."""
+
+
+class LaunchError(NbtoolsError):
+    """A launched command failed: non-zero exit, error marker in its output, or timeout."""
+
+    def __init__(self, message: str, result=None):
+        super().__init__(message)
+        self.result = result
+
+
+class LaunchTimeout(LaunchError):
+    """The launched command ran past its timeout and was stopped with all its processes."""
+
+
+class OutputMismatch(NbtoolsError, AssertionError):
+    """An output did not match its expected block (the quick-start's `xxx` / `...` rules)."""
+
+
+# The quick-start's 12 checked commands, in order.

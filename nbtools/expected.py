@@ -1,0 +1,124 @@
+"""Compare an output with an expected block, using the quick-start's doc-test rules.
+
+- ``xxx`` inside an expected line matches any text within that line;
+- a line that is exactly ``...`` matches any number of lines (zero included);
+- trailing whitespace is ignored; blank lines in the actual output are ignored.
+
+And ``parse_kv``: the ``key=value`` / ``key: value`` lines the quick-start's commands print
+(``[rankN]:`` prefixes removed). Version comparison lives in device.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .errors import OutputMismatch
+
+ANY_LINES = "..."
+IN_LINE = "xxx"
+
+_KEY = r"[A-Za-z_][\w.\-]*"
+_PAIR = re.compile(rf"({_KEY})=(.*?)(?=\s+{_KEY}=|\s*$)")
+# What torch elastic puts before each line of a rank (`--tee`, `--role`): [rank1]: / [default0]:
+RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
+_KV_LINE = re.compile(rf"^\s*{_KEY}=.*$")
+_COLON_LINE = re.compile(rf"^\s*({_KEY}):\s+(\S.*?)\s*$")  # `is_available: True` (one pair a line)
+
+
+def _line_regex(expected_line: str) -> re.Pattern:
+    parts = expected_line.rstrip().split(IN_LINE)
+    return re.compile(".*".join(re.escape(p) for p in parts) + r"\s*")
+
+
+def _lines(text: str, drop_blank: bool) -> list[str]:
+    out = [ln.rstrip() for ln in text.strip("\n").splitlines()]
+    return [ln for ln in out if ln.strip()] if drop_blank else out
+
+
+@dataclass
+class Match:
+    ok: bool
+    expected: list[str]
+    actual: list[str]
+    exp_at: int = 0  # first expected line that could not be matched
+    act_at: int = 0  # where in the actual output that happened
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+    def report(self, width: int = 60) -> str:
+        """Expected and actual side by side, the first differing line marked with '>>'."""
+        if self.ok:
+            return "输出与预期的块一致"
+        rows = [f"   {'预期':<{width}} | 实际输出", "   " + "-" * width + "-+-" + "-" * width]
+        start = max(0, min(self.exp_at, self.act_at) - 3)
+        for i in range(start, max(len(self.expected), len(self.actual), self.act_at + 1)):
+            e = self.expected[i] if i < len(self.expected) else ""
+            a = self.actual[i] if i < len(self.actual) else ""
+            mark = ">> " if i == self.act_at else "   "
+            rows.append(f"{mark}{e[:width]:<{width}} | {a[:width]}")
+            if i - start > 30:
+                rows.append("   ...")
+                break
+        want = self.expected[self.exp_at] if self.exp_at < len(self.expected) else "<预期的块已结束>"
+        got = self.actual[self.act_at] if self.act_at < len(self.actual) else "<输出已结束>"
+        rows.append(f"第一处不同：预期第 {self.exp_at + 1} 行 {want!r}，输出第 {self.act_at + 1} 行 {got!r}")
+        return "\n".join(rows)
+
+
+def match(expected: str, actual: str) -> Match:
+    """Does ``actual`` match the ``expected`` block (the quick-start's rules)? Returns a truthy/falsy Match."""
+    exp = _lines(expected, drop_blank=True)
+    act = _lines(actual, drop_blank=True)
+    rx = [None if ln.strip() == ANY_LINES else _line_regex(ln) for ln in exp]
+    n, m = len(exp), len(act)
+    # reach[i][j]: exp[:i] matches act[:j]  (forward, so a failure can say how far it got)
+    reach = [[False] * (m + 1) for _ in range(n + 1)]
+    reach[0][0] = True
+    for i in range(n):
+        for j in range(m + 1):
+            if not reach[i][j]:
+                continue
+            if rx[i] is None:  # '...' swallows act[j:k] for any k >= j
+                for k in range(j, m + 1):
+                    reach[i + 1][k] = True
+                break
+            if j < m and rx[i].fullmatch(act[j]):
+                reach[i + 1][j + 1] = True
+    if reach[n][m]:
+        return Match(True, exp, act, n, m)
+    exp_at = max(i for i in range(n + 1) if any(reach[i]))
+    act_at = min(j for j in range(m + 1) if reach[exp_at][j])
+    if exp_at == n:  # all expected lines matched, output has more
+        act_at = max(j for j in range(m + 1) if reach[n][j])
+    return Match(False, exp, act, exp_at, act_at)
+
+
+def assert_matches(expected: str, actual: str, what: str = "输出") -> None:
+    """Raise OutputMismatch (an AssertionError) with a side-by-side view when they differ."""
+    m = match(expected, actual)
+    if not m:
+        raise OutputMismatch(f"{what}与预期的块不一致：\n{m.report()}")
+
+
+def parse_kv(text: str) -> dict[str, str]:
+    """Pairs from the lines of ``text`` that are made only of them; later lines win.
+
+    - ``key=value`` pairs, several a line (``a=1 b=[1, 2]``), also ``key= value`` (``torch= 2.9.0``);
+    - ``key: value``, one a line (``is_available: True``); the key is one word, so prose such as
+      ``- PyTorch accelerator: N/A`` is not read.
+    A leading ``[rankN]:`` prefix is dropped.
+    """
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = RANK_PREFIX.sub("", line)
+        if _KV_LINE.match(line):
+            pairs = _PAIR.findall(line.strip())
+            if pairs and "".join(f"{k}={v}" for k, v in pairs).replace(" ", "") == line.strip().replace(" ", ""):
+                out.update({k: v.strip() for k, v in pairs})
+            continue
+        m = _COLON_LINE.match(line)
+        if m:
+            out[m.group(1)] = m.group(2)
+    return out
