@@ -1,7 +1,5 @@
 """The exceptions nbtools raises on purpose, each carrying what a learner needs to act on it."""
 
-from __future__ import annotations
-
 
 class NbtoolsError(Exception):
     """Base class for every error nbtools raises on purpose."""

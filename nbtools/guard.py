@@ -6,11 +6,14 @@ child subreaper (orphans stay its descendants); ``stop`` / ``kill`` on its stdin
 starter is gone), or SIGTERM / SIGINT / SIGHUP stop the whole tree; when the command exits it stops what
 the command left behind. At exit it writes one JSON line on stderr: ``{"returncode", "killed", "reason"}``.
 Run as a script (``python guard.py [--grace S] -- CMD ...``), importing only the standard library, psutil
-and its sibling proctree.py, it starts in tens of milliseconds.
+and its sibling proctree.py, it starts in tens of milliseconds: psutil and proctree are imported after the
+command has started. It sleeps in one select() on its stdin, the command's pidfd (its exit) and the signal wakeup
+pipe, so that it notices each at once without polling (Linux < 5.3 has no pidfd: it polls every POLL_S there).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -20,15 +23,19 @@ import subprocess
 import sys
 import time
 
-import psutil
-
-try:  # run as a script (always, by nbtools): its sibling module; imported as nbtools.guard: the package's
-    from .proctree import descendants, terminate_then_kill
-except ImportError:
-    from proctree import descendants, terminate_then_kill
-
 PR_SET_CHILD_SUBREAPER = 36
-POLL_S = 0.02  # how soon the command's exit is noticed (it sets the launch's own overhead)
+POLL_S = 0.02  # without a pidfd: how soon the command's exit is noticed (it sets the launch's own overhead)
+REAP_S = 0.5  # how often exited orphans are collected
+
+
+def _proctree():
+    """proctree, imported once the command runs (it brings psutil): as a script (always, by nbtools) the sibling
+    module; imported as nbtools.guard, the package's."""
+    try:
+        from . import proctree
+    except ImportError:
+        import proctree
+    return proctree
 
 
 def _become_subreaper() -> bool:
@@ -46,6 +53,8 @@ _keep: set[int] = set()  # the command itself: Popen reaps it, so that its exit 
 
 def _reap() -> None:
     """Collect exited orphans that were re-parented to us (not the command: Popen reaps that one)."""
+    import psutil
+
     try:
         children = psutil.Process().children()
     except psutil.Error:
@@ -62,7 +71,8 @@ def _reap() -> None:
 
 def stop_all(grace: float) -> list[int]:
     """Stop every live descendant (nbtools.proctree's one stop loop, new ones included); the pids killed."""
-    killed = terminate_then_kill(descendants, grace, kill_wait=1.0, reap=False)  # Popen reaps the command
+    tree = _proctree()
+    killed = tree.terminate_then_kill(tree.descendants, grace, kill_wait=1.0, reap=False)  # Popen reaps the command
     _reap()
     return killed
 
@@ -74,13 +84,17 @@ def _on_signal(signum, _frame) -> None:
     _requested.append(f"signal {signal.Signals(signum).name}")
 
 
-def _read_request() -> tuple[str, bool] | None:
-    """What the starter asked on stdin within POLL_S: (reason, kill at once), or None for nothing."""
+def _read_request(wake: list[int], timeout: float) -> tuple[str, bool] | None:
+    """What the starter asked on stdin within ``timeout`` (the command's exit or a signal, ``wake``, ends the wait
+    early): (reason, kill at once), or None for nothing."""
     try:
-        ready, _, _ = select.select([0], [], [], POLL_S)
+        ready, _, _ = select.select([0, *wake], [], [], timeout)
     except InterruptedError:
         return None
-    if not ready:
+    for fd in set(ready) & set(wake[1:]):  # the signal wakeup pipe: empty it (the handler has run)
+        with contextlib.suppress(BlockingIOError):
+            os.read(fd, 512)
+    if 0 not in ready:
         return None
     data = os.read(0, 64)
     if not data:
@@ -90,18 +104,30 @@ def _read_request() -> tuple[str, bool] | None:
     return ("stop requested", False) if b"stop" in data else None
 
 
+def _wakers(child: subprocess.Popen) -> list[int]:
+    """[the command's pidfd, the signal wakeup pipe]; [] where there is no pidfd (then select polls)."""
+    try:
+        pidfd = os.pidfd_open(child.pid)
+    except (AttributeError, OSError):
+        return []
+    r, w = os.pipe2(os.O_NONBLOCK)  # pidfd_open and pipe2: Linux
+    signal.set_wakeup_fd(w)
+    return [pidfd, r]
+
+
 def _watch(child: subprocess.Popen) -> tuple[str, bool]:
     """Wait for the command to end or for a stop request; ("", False) when the command ended."""
-    next_reap = time.monotonic()
+    wake = _wakers(child)
+    next_reap = time.monotonic() + REAP_S
     while child.poll() is None:
         if _requested:
             return _requested[0], False
-        request = _read_request()
+        request = _read_request(wake, max(0.0, next_reap - time.monotonic()) if wake else POLL_S)
         if request is not None:
             return request
         if time.monotonic() >= next_reap:  # orphans that exited: collect them now and then
             _reap()
-            next_reap = time.monotonic() + 0.5
+            next_reap = time.monotonic() + REAP_S
     return "", False
 
 
@@ -152,7 +178,7 @@ def main(argv: list[str]) -> int:
             child.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
-    elif descendants():  # the command ended: stop anything it left behind (it may hold the output pipe)
+    elif _proctree().descendants():  # the command ended: stop anything it left behind (it may hold the output pipe)
         killed = stop_all(min(grace, 1.0))
         reason = "stopped what the command left running after it exited"
     _reap()

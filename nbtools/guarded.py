@@ -8,6 +8,7 @@ Hugging Face offline, and give the command a private TMPDIR.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -142,9 +143,10 @@ class _Output:
             self.out.flush()
 
     def read(self) -> None:
-        """Take the next line, waiting up to 0.1 s (after end-of-file: just a short pause)."""
+        """Take the next line, waiting up to 0.1 s (after end-of-file: until the guardian exits, at most 0.1 s)."""
         if self.eof:
-            time.sleep(0.02)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=0.1)
             return
         try:
             self._take(self._q.get(timeout=0.1))
