@@ -19,7 +19,7 @@ that launch ranks; the script puts the interpreter's own bin/ in front). One run
    exist in that release) with ``pytest -p no:cacheprovider -q -rA --junitxml=...`` in a child process,
    twice: on the plain CPU, and on the simulated NPU of ``simnpu/`` (the environment of
    ``nbtools.device.environment()``, 2 cards of the default SoC, its C++ part built first by
-   ``nbtools.device.prepare()``). Both runs are offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
+   ``nbtools.device.prepare_simnpu()``). Both runs are offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
    HF_DATASETS_OFFLINE), with CUDA hidden (CUDA_VISIBLE_DEVICES=""), and with a fresh, empty HF_HOME
    (no user `accelerate config` default file, no Hub cache). A simulated NPU that does not load is said,
    and the CPU results still come.
@@ -303,8 +303,8 @@ def simulated_environment(env: dict[str, str]) -> tuple[dict[str, str] | None, s
     """The simulated NPU's environment on top of ``env``, its C++ part built; (None, why) when it does not load."""
     try:
         sim = {**env, **device.environment(environ=env)}
-        print("[simulated NPU] building / checking its C++ part (nbtools.device.prepare)", flush=True)
-        device.prepare(sim, python=sys.executable)
+        print("[simulated NPU] building / checking its C++ part (nbtools.device.prepare_simnpu)", flush=True)
+        device.prepare_simnpu(sim, python=sys.executable)
     except (ParameterError, subprocess.TimeoutExpired, OSError) as exc:
         return None, f"the simulated NPU does not load: {exc}"
     return sim, None

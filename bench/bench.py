@@ -324,12 +324,19 @@ def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     ours_cmd = [sys.executable, "-m", "nbtools", "launch", "--num-processes", "2", str(script)]
     _timed(ours_cmd)  # fills the probe cache, as any first call does
     plain, ours = [], []
-    for _ in range(repeat):  # interleaved, so that a load change hits both alike
-        plain.append(_timed([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env))
-        ours.append(_timed(ours_cmd))
-    res = {"plain_s": round(statistics.median(plain), 2), "nbtools_s": round(statistics.median(ours), 2)}
-    res["overhead_s"] = round(res["nbtools_s"] - res["plain_s"], 2)
-    log(f"  launch: plain {res['plain_s']:.2f} s, nbtools {res['nbtools_s']:.2f} s (median of {repeat})")
+    for i in range(repeat):  # pairs, their order alternating, so that a load change hits both alike
+        pair = [lambda: _timed([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env),
+                lambda: _timed(ours_cmd)]
+        got = [run() for run in (pair if i % 2 == 0 else pair[::-1])]
+        plain.append(got[0] if i % 2 == 0 else got[1])
+        ours.append(got[1] if i % 2 == 0 else got[0])
+    # the median of each pair's own difference: the ranks' run time varies by about a second between runs on a
+    # busy machine, and a difference of two medians keeps that noise
+    diffs = [o - p for o, p in zip(ours, plain)]
+    res = {"plain_s": round(statistics.median(plain), 2), "nbtools_s": round(statistics.median(ours), 2),
+           "overhead_s": round(statistics.median(diffs), 2), "pairs": repeat, "differences_s": [round(d, 2) for d in diffs]}
+    log(f"  launch: plain {res['plain_s']:.2f} s, nbtools {res['nbtools_s']:.2f} s, overhead {res['overhead_s']:+.2f} s "
+        f"(medians of {repeat} alternating pairs)")
     return res
 
 
@@ -420,7 +427,8 @@ def render(res: dict) -> str:
         lines += ["", f"Both runs passed: {here['ok'] and sim['ok']}."]
     if res.get("launch"):
         la = res["launch"]
-        lines += ["", "## Launch overhead", "", "| plain `accelerate launch` | `python -m nbtools launch` | overhead |", "|---|---|---|"]
+        lines += ["", "## Launch overhead", "", "| plain `accelerate launch` | `python -m nbtools launch` | overhead (median of "
+                  f"{la['pairs']} paired differences) |", "|---|---|---|"]
         lines.append(f"| {la['plain_s']:.2f} s | {la['nbtools_s']:.2f} s | {la['overhead_s']:+.2f} s |")
     mem = res.get("memory") or {}
     if "checkpoint_bytes" in mem:
@@ -447,7 +455,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--output", default="bench-out")
     ap.add_argument("--rounds", type=int, default=3, help="bare/series rounds, order alternating (medians are reported)")
-    ap.add_argument("--repeat", type=int, default=5, help="launch-overhead pairs (medians are reported)")
+    ap.add_argument("--repeat", type=int, default=11, help="launch-overhead pairs, order alternating (the median of "
+                    "their differences is reported)")
     ap.add_argument("--skip-series", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-simulated", action="store_true", help="skip the whole series here vs on the simulated NPU")

@@ -524,7 +524,7 @@ def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Map
     }
 
 
-def prepare(env: Mapping[str, str], python: str | None = None, timeout: float = 300) -> None:
+def prepare_simnpu(env: Mapping[str, str], python: str | None = None, timeout: float = 300) -> None:
     """Build the simulation's C++ device guard for this torch now (once; cached), so that no kernel or
     rank waits for it. Raises ParameterError with the build's own words when it cannot be built."""
     proc = subprocess.run(

@@ -267,8 +267,8 @@ class _Stopper:
 
 
 @dataclass
-class _Plan:
-    """What is read and checked before any kernel starts."""
+class _Notebooks:
+    """The run's notebooks and their parameters: what is read and checked before any kernel starts."""
 
     notebooks: list[Path]
     parameters: dict  # as given (text from -p)
@@ -277,7 +277,7 @@ class _Plan:
     converted: dict  # path -> the parameters it gets, converted by its own defaults
 
     @classmethod
-    def read(cls, notebooks: list[Path], parameters: dict) -> _Plan:
+    def read(cls, notebooks: list[Path], parameters: dict) -> _Notebooks:
         """Raises ParameterError for a parameter no notebook declares or a value that does not convert."""
         sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
         declared = {p: parameter_defaults(p) for p in notebooks}
@@ -316,7 +316,7 @@ def _work_root(keep: bool):
 class _Run:
     """One `run_notebooks` call: runs its notebooks one by one into ``report``."""
 
-    plan: _Plan
+    selected: _Notebooks
     report: RunReport
     info: DeviceInfo
     output_dir: Path
@@ -328,21 +328,21 @@ class _Run:
 
     def notebook(self, i: int, path: Path) -> None:
         """Run notebook ``i`` (1-based) and add its result and its checks to the report."""
-        where = f"[{i}/{len(self.plan.notebooks)}] {path.name}"
+        where = f"[{i}/{len(self.selected.notebooks)}] {path.name}"
         if self.stopper.signum and not self.stop_reason:
             self.stop_reason = f"没有运行：这次运行被 {self.stopper.name} 停止"
         if self.stop_reason:
             self.not_run(path)
             print(f"{where}: not run ({self.stop_reason})")
             return
-        nb_params = self.plan.params_for(path, self.run_root)
+        nb_params = self.selected.params_for(path, self.run_root)
         out_path = self.output_dir / path.name
         print(f"{where}: running ...")
         start = time.monotonic()
-        nxt = self.plan.notebooks[i] if i < len(self.plan.notebooks) else None
+        nxt = self.selected.notebooks[i] if i < len(self.selected.notebooks) else None
         failure = self.execute(path, nb_params, nxt)
         duration = time.monotonic() - start
-        executed = nbformat.read(out_path, as_version=4) if out_path.exists() else self.plan.sources[path]
+        executed = nbformat.read(out_path, as_version=4) if out_path.exists() else self.selected.sources[path]
         if failure is not None and failure.exec_count is not None:  # the check of the cell that raised, found by In[n]
             cell = next((c for c in executed.cells if c.get("execution_count") == failure.exec_count), {})
             failure.check_id = next(iter(check_ids(cell.get("metadata", {}).get("tags"))), "")
@@ -362,7 +362,7 @@ class _Run:
         rel = path.name
         self.report.notebooks.append(NotebookResult(rel, Status.NOT_RUN, error=self.stop_reason))
         self.report.checks.extend(
-            CheckResult(c.id, Status.FAILED, rel, self.stop_reason, c.seed) for c in judge_checks(self.plan.sources[path], rel)
+            CheckResult(c.id, Status.FAILED, rel, self.stop_reason, c.seed) for c in judge_checks(self.selected.sources[path], rel)
         )
 
     def execute(self, path: Path, nb_params: dict, nxt: Path | None) -> Failure | None:
@@ -419,12 +419,12 @@ def run_notebooks(
     of that notebook's default. Every conversion is checked before the first kernel starts.
     Progress goes to stdout (redirect it to silence the run).
     """
-    plan = _Plan.read(notebooks, dict(parameters or {}))
+    selected = _Notebooks.read(notebooks, dict(parameters or {}))
     info = info or detect_for_kernel(kernel)
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
-        device=info.to_dict(), parameters=plan.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel
+        device=info.to_dict(), parameters=selected.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel
     )
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs
@@ -435,7 +435,7 @@ def run_notebooks(
         kernels = stack.enter_context(
             KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root), kernel_env)
         )
-        run = _Run(plan, report, info, output_dir, run_root, kernels, stopper, timeout)
+        run = _Run(selected, report, info, output_dir, run_root, kernels, stopper, timeout)
         for i, path in enumerate(notebooks, 1):
             run.notebook(i, path)
     report.stopped_by = stopper.name
