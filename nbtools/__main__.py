@@ -15,7 +15,7 @@ from .errors import LaunchError, LaunchTimeout, NbtoolsError
 
 def _simulate(args) -> None:
     """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
-    from .device import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare
+    from .device import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
     from .errors import ParameterError
 
     if not getattr(args, "simulate_npu", False):
@@ -28,7 +28,7 @@ def _simulate(args) -> None:
 
     env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC)
     os.environ.update(env)
-    prepare(env)
+    prepare_simnpu(env)
 
 
 def _cmd_launch(args) -> int:

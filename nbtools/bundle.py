@@ -54,8 +54,7 @@ def environment_text() -> str:
 
 def write_bundle(run_dir: Path, to: Path | None = None) -> Path:
     """Zip the run in ``run_dir`` (a ``python -m nbtools run --output`` folder), scrubbed; returns the zip's path."""
-    missing = [name for name in FILES if not (run_dir / name).is_file()]
-    if missing:
+    if missing := [name for name in FILES if not (run_dir / name).is_file()]:
         raise NbtoolsError(f"{run_dir} has no {', '.join(missing)}: give the --output folder of a finished "
                                 "`python -m nbtools run`")
     pairs, to = _replacements(run_dir), to or run_dir / "nbtools-bundle.zip"

@@ -97,8 +97,7 @@ def match(expected: str, actual: str) -> Match:
 
 def assert_matches(expected: str, actual: str, what: str = "输出") -> None:
     """Raise OutputMismatch (an AssertionError) with a side-by-side view when they differ."""
-    m = match(expected, actual)
-    if not m:
+    if not (m := match(expected, actual)):
         raise OutputMismatch(f"{what}与预期的块不一致：\n{m.report()}")
 
 
@@ -117,8 +116,6 @@ def parse_kv(text: str) -> dict[str, str]:
             pairs = _PAIR.findall(line.strip())
             if pairs and "".join(f"{k}={v}" for k, v in pairs).replace(" ", "") == line.strip().replace(" ", ""):
                 out.update({k: v.strip() for k, v in pairs})
-            continue
-        m = _COLON_LINE.match(line)
-        if m:
+        elif m := _COLON_LINE.match(line):
             out[m.group(1)] = m.group(2)
     return out

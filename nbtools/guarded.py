@@ -77,13 +77,9 @@ def prepare(argv: list[str], env: dict[str, str | None] | None, offline: bool, e
     """The command's whole environment and what the cell shows. ``env`` is added to this process'
     environment (a None value removes that variable) and shown in the printed command; the ``# also set:``
     line names what is set beyond it (the offline and UTF-8 switches, unbuffered output)."""
-    full_env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", PYTHONUTF8="1")
-    if offline:
-        full_env.update(OFFLINE_ENV)
+    base = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", PYTHONUTF8="1")
+    full_env = {k: v for k, v in {**base, **(OFFLINE_ENV if offline else {}), **(env or {})}.items() if v is not None}
     given = {k: v for k, v in (env or {}).items() if v is not None}
-    full_env.update(given)
-    for name in [k for k, v in (env or {}).items() if v is None]:
-        full_env.pop(name, None)
     shown = as_shown(echo)
     also = tuple((k, v) for k, v in full_env.items() if k not in given and os.environ.get(k) != v)
     # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
@@ -148,17 +144,13 @@ class _Output:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=0.1)
             return
-        try:
+        with contextlib.suppress(queue.Empty):
             self._take(self._q.get(timeout=0.1))
-        except queue.Empty:
-            pass
 
     def drain(self, echo: bool = True) -> None:
-        while True:
-            try:
+        with contextlib.suppress(queue.Empty):
+            while True:
                 self._take(self._q.get_nowait(), echo)
-            except queue.Empty:
-                return
 
     def close(self) -> None:
         self._reader.join(timeout=5)
@@ -174,8 +166,7 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
     """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
     out = sys.stdout
     if shown.echo:
-        out.write(shown.announce(shown.command))
-        out.flush()
+        print(shown.announce(shown.command), end="", flush=True)
     start = time.monotonic()
     proc = _guarded(argv, full_env, cwd, stdout=subprocess.PIPE)
     output = _Output(proc, out if shown.echo else None)
@@ -187,11 +178,8 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
             output.read()
     except KeyboardInterrupt:
         n = len(_halt(proc).get("killed") or [])
-        out.write(
-            f"\n[nbtools] interrupted: stopped `{shown.command[:80]}` and every process it started"
-            f"{f' ({n} had to be killed)' if n else ''}; none is left running.\n"
-        )
-        out.flush()
+        print(f"\n[nbtools] interrupted: stopped `{shown.command[:80]}` and every process it started"
+              f"{f' ({n} had to be killed)' if n else ''}; none is left running.", file=out, flush=True)
         raise
     finally:
         if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
@@ -205,8 +193,7 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
     result = Result(shown.command, list(argv), status["returncode"], output.text, time.monotonic() - start,
                     killed=status.get("killed") or [], written=shown.written, notes=notes)
     if shown.echo and notes:
-        out.write("".join(note + "\n" for note in notes))
-        out.flush()
+        print("".join(note + "\n" for note in notes), end="", file=out, flush=True)
     if check:
         raise_on_failure(result)
     return result
@@ -226,10 +213,9 @@ def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) 
 
 def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
     """Start ``argv`` under a guardian (guard.py) in a new session; its stdin is our control line."""
-    if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
-        exe = os.path.join(cwd or "", argv[0])
-    else:
-        exe = shutil.which(argv[0], path=full_env.get("PATH"))
+    # a path is relative to cwd, as Popen (and the guardian) resolve it; a name is looked up in the command's PATH
+    exe = (os.path.join(cwd or "", argv[0]) if os.path.dirname(argv[0])
+           else shutil.which(argv[0], path=full_env.get("PATH")))
     if not exe or not os.path.exists(exe):
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
@@ -251,9 +237,8 @@ def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = Tru
     script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
     log = Path(cwd or os.getcwd()) / f"{Path(script).stem}.log"
     if shown.echo:
-        sys.stdout.write(replace(shown, written=shown.written and f"{shown.written} &").announce(
-            f"{shown.command} > {log.name} 2>&1 &"))
-        sys.stdout.flush()
+        print(replace(shown, written=shown.written and f"{shown.written} &").announce(
+            f"{shown.command} > {log.name} 2>&1 &"), end="", flush=True)
     with open(log, "wb") as out:
         proc = _guarded(argv, full_env, cwd, stdout=out)
     if shown.echo:
@@ -329,12 +314,10 @@ def _status(proc: subprocess.Popen) -> dict:
     """The guardian's status line (its last JSON line on stderr), once it has exited."""
     proc.wait()
     text = proc.stderr.read().decode("utf-8", errors="replace") if proc.stderr else ""
-    for stream in (proc.stdin, proc.stderr):  # stdout: the reader thread owns it (closing it would wait on it)
-        try:
-            if stream:
-                stream.close()
-        except OSError:
-            pass
+    # stdout: the reader thread owns it (closing it would wait on it)
+    for stream in filter(None, (proc.stdin, proc.stderr)):
+        with contextlib.suppress(OSError):
+            stream.close()
     for line in reversed(text.splitlines()):
         if line.startswith("{"):
             try:
@@ -348,12 +331,10 @@ def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
     """Ask the guardian to stop the whole tree and wait for it; a second Ctrl-C asks it to kill at once."""
     wait = GRACE + 5
     while True:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             if proc.stdin and not proc.stdin.closed:
                 proc.stdin.write(how.encode() + b"\n")
                 proc.stdin.flush()
-        except (OSError, ValueError):
-            pass
         try:
             proc.wait(timeout=wait)
             break

@@ -99,8 +99,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
     run_env = dict(plan.env, **call.env)
     # ACCELERATE_* variables exported in the kernel would change the launch: they are removed.
-    unset = foreign_accelerate_vars(run_env)
-    if unset:
+    if unset := foreign_accelerate_vars(run_env):
         notes.append(f"[nbtools] 不用这个环境里的 {', '.join(sorted(unset))}（启动需要的变量由启动计划给出）")
     folder = str(cwd if cwd is not None else os.getcwd())
     config_flags = route_config(call, plan, folder)
@@ -169,9 +168,8 @@ def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processe
 def launch_config(distributed_type: str, folder: str | os.PathLike) -> list[str]:
     """``["--config_file", NAME]``: Accelerate's defaults with ``distributed_type``, written as NAME into
     ``folder`` (the launch's working directory) and kept there, so that the printed command runs as printed."""
-    config = dict(NEUTRAL_CONFIG, distributed_type=distributed_type)
     name = f"accelerate_config_{distributed_type.lower()}.json"
-    text = json.dumps(config, indent=2) + "\n"
+    text = json.dumps(dict(NEUTRAL_CONFIG, distributed_type=distributed_type), indent=2) + "\n"
     path = Path(folder) / name
     try:
         if not path.is_file() or path.read_text(encoding="utf-8") != text:

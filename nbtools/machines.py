@@ -69,8 +69,7 @@ def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
     if written.argv[:2] != ["accelerate", "launch"]:
         raise ParameterError(f"a machine runs `accelerate launch ...`; got `{written.text[:80]}`")
     call = commands.parse_launch(text, default_processes=2)
-    world = call.num_processes  # every machine's ranks together
-    plan = detect().plan(max(world, 2), "cpu")  # every machine's ranks together, on this host's CPU
+    plan = detect().plan(max(call.num_processes, 2), "cpu")  # every machine's ranks together, on this host's CPU
     env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **plan.env}
     flags = [*(f for f in plan.mode if f not in written.argv), *route_config(call, plan, str(folder)), *written.argv[2:]]
     # ACCELERATE_* variables of this environment must not reach them either (None: removed)
@@ -95,6 +94,10 @@ def run_all(jobs: list[Job], *, timeout: float | None, timeout_name: str = "time
     outcomes: dict[int, Outcome] = {}
     stopped: set[int] = set()
 
+    def halt(indices) -> None:
+        """Stop these jobs; those that were found running count as stopped by us."""
+        stopped.update([i for i in indices if stop(tokens[i])])
+
     def work(i: int) -> None:
         job = jobs[i]
         try:
@@ -115,21 +118,13 @@ def run_all(jobs: list[Job], *, timeout: float | None, timeout_name: str = "time
                 for fut in done:
                     fut.result()  # an unexpected exception in a worker thread surfaces here
                 if any(o.error is not None for o in outcomes.values()):
-                    for fut in pending:  # the others would wait for the failed job until the timeout
-                        i = futures[fut]
-                        if i not in stopped and stop(tokens[i]):
-                            stopped.add(i)
+                    halt({futures[fut] for fut in pending} - stopped)  # they would wait for it until the timeout
         except BaseException:  # Ctrl-C (the stop button) or anything else: no job keeps running
-            for i, token in enumerate(tokens):
-                if stop(token):
-                    stopped.add(i)
+            halt(range(len(jobs)))
             raise
-    out = []
     for i in range(len(jobs)):
-        o = outcomes.get(i, Outcome(None, LaunchError("did not run")))
-        o.stopped = i in stopped
-        out.append(o)
-    return out
+        outcomes.setdefault(i, Outcome(None, LaunchError("did not run"))).stopped = i in stopped
+    return [outcomes[i] for i in range(len(jobs))]
 
 
 def first_failure(outcomes: list[Outcome]) -> int | None:

@@ -76,13 +76,11 @@ def tops(procs) -> list[psutil.Process]:
 
 def remember(pid: int, known: dict[int, psutil.Process]) -> None:
     """Add ``pid`` and every descendant alive now to ``known`` (kept there once they are orphaned)."""
-    try:
+    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
         root = psutil.Process(pid)
         known.setdefault(pid, root)
         for child in root.children(recursive=True):
             known.setdefault(child.pid, child)
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        pass
 
 
 def signal_group(pid: int, sig: int) -> None:
@@ -90,10 +88,8 @@ def signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(os.getpgid(pid), sig)
     except OSError:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(pid, sig)
-        except OSError:
-            pass
 
 
 def stop_from_top(procs, tops, grace: float = GRACE) -> list[int]:

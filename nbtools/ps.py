@@ -114,11 +114,7 @@ def select(launches: list[Launch], wanted=()) -> list[Launch]:
     if not wanted:
         return launches
     keys = {str(w) for w in wanted}
-    return [
-        g
-        for g in launches
-        if g.id in keys or str(g.starter_pid) in keys or any(str(p.pid) in keys for p in g.processes)
-    ]
+    return [g for g in launches if keys & {g.id, str(g.starter_pid), *(str(p.pid) for p in g.processes)}]
 
 
 def main(kill: bool = False, out=print, wanted=()) -> int:

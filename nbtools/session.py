@@ -81,14 +81,13 @@ class Session:
     def platform_lines(self) -> list[str]:
         """What the setup cell prints, in the learner's language (the device label and versions stay as the CLI has them)."""
         info = self.info
-        label = info.label
         if info.kind == "npu" and info.simulated:
-            first = (f"平台：{label} —— 在 CPU 上模拟的 NPU：证明代码路径与连线（torch_npu、torch.npu、hccl、MULTI_NPU），"
+            first = (f"平台：{info.label} —— 在 CPU 上模拟的 NPU：证明代码路径与连线（torch_npu、torch.npu、hccl、MULTI_NPU），"
                      f"不证明硬件；只有真卡才能回答的检查记为 skipped（{NEEDS_REAL_NPU}）")
         elif info.kind == "npu":
-            first = f"平台：{label} —— 《快速开始》的平台：每项检查都真实运行"
+            first = f"平台：{info.label} —— 《快速开始》的平台：每项检查都真实运行"
         elif info.kind == "cuda":
-            first = f"平台：{label} —— 此处不检查：torch_npu、CANN、hccl（由 nccl 代替 hccl）"
+            first = f"平台：{info.label} —— 此处不检查：torch_npu、CANN、hccl（由 nccl 代替 hccl）"
         else:
             first = "平台：CPU 代跑 —— 没有 NPU/CUDA；不检查：torch_npu、CANN、hccl、设备内存（由 gloo 代替 hccl）"
         lines = [first, "版本：" + info.versions_line().split(": ", 1)[1]]
