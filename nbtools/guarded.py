@@ -73,7 +73,8 @@ def as_shown(echo: bool | Shown) -> Shown:
     return echo if isinstance(echo, Shown) else Shown(echo=bool(echo))
 
 
-def prepare(argv: list[str], env: dict[str, str | None] | None, offline: bool, echo: bool | Shown) -> tuple[dict, Shown]:
+def environment_and_shown(argv: list[str], env: dict[str, str | None] | None, offline: bool,
+                          echo: bool | Shown) -> tuple[dict, Shown]:
     """The command's whole environment and what the cell shows. ``env`` is added to this process'
     environment (a None value removes that variable) and shown in the printed command; the ``# also set:``
     line names what is set beyond it (the offline and UTF-8 switches, unbuffered output)."""
@@ -100,11 +101,11 @@ def run_command(
 ) -> Result:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
-    ``env``: see ``prepare``. ``echo``: print the command and stream its output (True), nothing (False),
+    ``env``: see ``environment_and_shown``. ``echo``: print the command and stream its output (True), nothing (False),
     or a ``Shown``. A non-zero exit, an error marker (diagnose.ERROR_MARKERS) or the timeout raises,
     unless ``check`` is False (the timeout always raises).
     """
-    full_env, shown = prepare(argv, env, offline, echo)
+    full_env, shown = environment_and_shown(argv, env, offline, echo)
     try:
         return _stream(argv, full_env, cwd, timeout, check, shown)
     finally:
@@ -233,7 +234,7 @@ def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
 def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = True, echo: bool | Shown = True) -> Background:
     """Start ``argv`` under a guardian and return at once (a terminal's ``command > log 2>&1 &``); its
     output goes to ``<script>.log`` in ``cwd``. ``env``, ``offline``, ``echo``: as for ``run_command``."""
-    full_env, shown = prepare(argv, env, offline, echo)
+    full_env, shown = environment_and_shown(argv, env, offline, echo)
     script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
     log = Path(cwd or os.getcwd()) / f"{Path(script).stem}.log"
     if shown.echo:

@@ -346,7 +346,7 @@ def install(spec: dict, name: str, prefix: str | Path | None = None, timeout: fl
     return Path(proc.stdout.strip().splitlines()[-1]) / "kernel.json"
 
 
-def installed(spec: dict) -> dict:
+def preview(spec: dict) -> dict:
     """The kernel.json `install` would write for ``spec`` (installed into a temporary prefix, read back)."""
     with tempfile.TemporaryDirectory(prefix="nbtools-kernelspec-") as tmp:
         return json.loads(install(spec, "preview", prefix=tmp).read_text())
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = from_set_env(args.set_env, python=args.python, display_name=args.display_name,
                         template=not args.full_values)
     if args.print:
-        print(json.dumps(installed(spec), indent=1))
+        print(json.dumps(preview(spec), indent=1))
         return 0
     path = install(spec, args.name, args.prefix)
     print(f"wrote {path}: restart nothing, pick '{args.display_name}' in Kernel > Change Kernel")

@@ -1,6 +1,6 @@
 """The machines of a multi-machine job, run at once on one host (06_multi_node; README, "What runs where").
 
-- ``simulated(text)``: the command that stands in here for one machine's ``accelerate launch`` as written for
+- ``stand_in(text)``: the command that stands in here for one machine's ``accelerate launch`` as written for
   two Ascend hosts: CPU ranks as the one launch rule starts them (DeviceInfo.plan with device 'cpu', its
   config file from launcher.route_config).
 - ``run_all(jobs)``: every job through ``guarded.run_command`` in its own thread; the first failure stops the
@@ -62,7 +62,7 @@ class Outcome:
         return self.result.output if self.result is not None else ""
 
 
-def simulated(text: str, folder: str | os.PathLike = ".") -> Job:
+def stand_in(text: str, folder: str | os.PathLike = ".") -> Job:
     """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts;
     the config file it names (Accelerate's defaults) is written into ``folder``, where it runs."""
     written = commands.parse(text)
@@ -164,7 +164,7 @@ def print_outcomes(outcomes: list[Outcome], name: str = "machine") -> None:
 
 def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str = "timeout_s") -> list[Result]:
     """Run one simulated machine per written command, all at once; print each output; raise on a failure."""
-    jobs = [simulated(text) for text in texts]
+    jobs = [stand_in(text) for text in texts]
     for rank, job in enumerate(jobs):
         print(f"# machine {rank}:")
         print(Shown(written=job.written, why=job.why if rank == 0 else "").announce(job.shown).rstrip())

@@ -12,7 +12,7 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 from nbtools import LaunchError, LaunchTimeout, ParameterError, free_port
-from nbtools.machines import MACHINE_ENV, Job, failure_error, first_failure, run_all, run_machines, simulated
+from nbtools.machines import MACHINE_ENV, Job, failure_error, first_failure, run_all, run_machines, stand_in
 
 WRITTEN = (
     "ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_machines 2 --num_processes 4 --machine_rank 1 "
@@ -31,7 +31,7 @@ def py(code: str) -> Job:
 
 def test_simulated_keeps_the_written_command_and_runs_cpu_ranks(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    job = simulated(WRITTEN)
+    job = stand_in(WRITTEN)
     assert job.written == WRITTEN
     assert set_(job.env) == {"ACCELERATE_USE_CPU": "1"}  # the NPU variable is dropped, the CPU route added
     assert job.argv[0].endswith("accelerate") and job.argv[1] == "launch"
@@ -47,14 +47,14 @@ def test_simulated_keeps_the_written_command_and_runs_cpu_ranks(tmp_path, monkey
 
 def test_simulated_does_not_repeat_a_written_multi_gpu_and_keeps_other_variables(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    job = simulated("HCCL_IF_IP=10.0.0.1 accelerate launch --multi_gpu --machine_rank 0 x.py")
+    job = stand_in("HCCL_IF_IP=10.0.0.1 accelerate launch --multi_gpu --machine_rank 0 x.py")
     assert job.argv[2:].count("--multi_gpu") == 1
     assert set_(job.env) == {"HCCL_IF_IP": "10.0.0.1", "ACCELERATE_USE_CPU": "1"}
 
 
 def test_simulated_refuses_other_commands():
     with pytest.raises(ParameterError):
-        simulated("python train.py")
+        stand_in("python train.py")
 
 
 def test_all_jobs_pass_and_keep_their_own_output():
@@ -121,7 +121,7 @@ def test_run_machines_raises_naming_the_machine_that_failed(tmp_path, monkeypatc
 def test_simulated_keeps_the_users_accelerate_variables_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
-    job = simulated(WRITTEN)
+    job = stand_in(WRITTEN)
     assert job.env["ACCELERATE_MIXED_PRECISION"] is None and job.env["ACCELERATE_USE_CPU"] == "1"  # None: removed
     assert "ACCELERATE_MIXED_PRECISION" not in job.shown
 
