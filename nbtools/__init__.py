@@ -27,8 +27,9 @@ from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, Outpu
 from .expected import assert_matches, match, parse_kv
 from .guarded import free_port, run_command
 from .launcher import LaunchOptions, accelerate_launch
-from .params import cleanup, validate, work_dir
+from .params import validate
 from .session import Session, setup
+from .workdir import cleanup, work_dir
 
 __version__ = "0.1.0"
 

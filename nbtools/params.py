@@ -1,4 +1,5 @@
-"""Validate notebook parameters before any process starts, and make the work dir.
+"""Validate notebook parameters before any process starts, and convert ``-p NAME=VALUE`` by each notebook's
+defaults (the work folder is workdir.py's).
 
 Checks for a notebook's own parameters (``nbtools.setup`` checks the common ones).
 
@@ -10,13 +11,8 @@ process starts: ``whole_numbers(1, epochs=epochs, hidden=hidden)``,
 from __future__ import annotations
 
 import ast
-import atexit
 import math
 import os
-import re
-import shutil
-import tempfile
-from pathlib import Path
 
 # whole_numbers lives with the device rules it serves (num_processes); the notebooks import it from here
 from .device import MIXED_PRECISIONS, DeviceInfo, detect, known_device, whole_numbers
@@ -62,102 +58,6 @@ def validate(
                 f"({', '.join(info.names[:1]) or kind}); accepted here: {', '.join(ok)}"
             )
     return info
-
-
-_CREATED: set[Path] = set()  # work dirs this process created: the only ones it may remove
-_PERSISTENT: set[Path] = set()  # interactive work folders: kept so a learner can rerun the commands in a terminal
-UNATTENDED_ENV = "NBTOOLS_UNATTENDED"
-
-
-def unattended(environ=None) -> bool:
-    """Is this kernel run by papermill / ``python -m nbtools run`` / CI rather than by a person?
-
-    True when ``NBTOOLS_UNATTENDED=1``, ``CI=true``, or the kernel's parent process command line
-    mentions papermill or ``nbtools run``.
-    """
-    environ = os.environ if environ is None else environ
-    if (environ.get(UNATTENDED_ENV, "").strip().lower() in ("1", "true", "yes")
-            or environ.get("CI", "").strip().lower() in ("1", "true")):
-        return True
-    try:
-        import psutil
-
-        parent = " ".join(psutil.Process(os.getppid()).cmdline())
-    except Exception:  # psutil missing, or the parent is gone / not ours to read
-        return False
-    return "papermill" in parent or "nbtools run" in parent
-
-
-def notebook_stem(environ=None) -> str:
-    """The running notebook's name without folder and suffix (JupyterLab sets JPY_SESSION_NAME), else 'notebook'."""
-    environ = os.environ if environ is None else environ
-    stem = Path(environ.get("JPY_SESSION_NAME", "").strip()).stem
-    return re.sub(r"[^\w.-]", "_", stem) or "notebook"
-
-
-def work_dir(
-    path: str | os.PathLike = "",
-    keep: bool = False,
-    prefix: str = "nbtools-",
-    *,
-    persistent: bool = False,
-    base: str | os.PathLike | None = None,
-) -> Path:
-    """The notebook's work dir.
-
-    - ``path`` given: that folder (created if needed; a folder that existed before is never removed);
-    - else ``persistent`` (interactive use): ``<base or cwd>/work/<notebook stem>``, kept after the
-      notebook so a learner can ``cd`` there and rerun the commands in a terminal;
-    - else a fresh private ``mkdtemp`` (mode 0700).
-
-    A directory nbtools creates and that is not persistent is removed when the kernel exits
-    (and by ``cleanup``) unless ``keep``, so a failing run leaves nothing behind either.
-    """
-    if not path and persistent:
-        path = Path(base or os.getcwd()) / "work" / notebook_stem()
-        p = _writable(path, "")
-        _PERSISTENT.add(p)
-        return p
-    if path:
-        existed = Path(path).expanduser().resolve().exists()
-        p = _writable(path, str(path))
-    else:
-        p = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
-        existed = False
-    if not existed:
-        _CREATED.add(p)
-        if not keep:
-            atexit.register(shutil.rmtree, p, True)
-    return p
-
-
-def _writable(path: str | os.PathLike, shown: str) -> Path:
-    p = Path(path).expanduser().resolve()
-    try:
-        p.mkdir(parents=True, exist_ok=True)
-        probe = p / ".nbtools-write-test"
-        probe.write_text("ok")
-        probe.unlink()
-    except OSError as exc:
-        raise ParameterError(
-            f"parameter work_dir={shown!r} cannot be written ({exc.strerror or exc} at {p}); "
-            "accepted: a writable directory, or '' for the default work folder"
-        ) from None
-    return p
-
-
-def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
-    """Remove the work dir unless ``keep``, persistent, or it existed before; returns what was done."""
-    p = Path(path).resolve()
-    if keep:
-        return f"工作文件夹已保留：{p}"
-    if p in _PERSISTENT:
-        return f"工作文件夹已保留（交互使用：在终端里 cd 到这里，就能重跑这些命令）：{p}"
-    if p not in _CREATED:
-        return f"工作文件夹原样留下（它在本 notebook 之前就已存在，可能有你的文件）：{p}"
-    shutil.rmtree(p, ignore_errors=True)
-    _CREATED.discard(p)
-    return f"工作文件夹已删除：{p}"
 
 
 # --- notebook parameters: what a notebook declares, and `-p NAME=VALUE` converted by its defaults ---

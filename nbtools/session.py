@@ -13,10 +13,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import params, proctree
+from . import proctree, workdir
 from .device import DeviceInfo, LaunchPlan
 from .guarded import MARKER_ENV, stop_background
-from .params import cleanup, unattended, validate
+from .params import validate
+from .workdir import cleanup, unattended
 
 NEEDS_REAL_NPU = "需要真实的 NPU"
 
@@ -170,4 +171,4 @@ def setup(
 
 def _work_dir(path: str, keep: bool, origin: Path) -> Path:
     """``path``; else a persistent folder under ``origin`` in interactive use, a private temporary one unattended."""
-    return params.work_dir(path, keep=keep, persistent=not path and not unattended(), base=origin)
+    return workdir.work_dir(path, keep=keep, persistent=not path and not unattended(), base=origin)

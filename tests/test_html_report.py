@@ -14,7 +14,8 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from nbtools import report as report_module
-from nbtools.report import CheckResult, NotebookResult, RunReport, write_all
+from nbtools.report import write_all
+from nbtools.results import CheckResult, NotebookResult, RunReport
 
 CPU = {
     "kind": "cpu",

@@ -37,9 +37,9 @@ MAX_PARAMETERS = 7  # self and cls aside; a function that needs more takes a val
 MAX_CODE_LINES = 4300  # blank lines, comments and docstrings aside: the package stays small as lessons are added
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
-    "core": (0, {"device", "params", "checks", "errors", "expected", "proctree", "npusmi", "floors"}),
+    "core": (0, {"device", "params", "checks", "errors", "expected", "workdir", "proctree", "npusmi", "floors"}),
     "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guard", "ps", "machines", "session", "magics"}),
-    "run": (2, {"runner", "kernels", "report", "teacher", "doctor", "bundle"}),
+    "run": (2, {"runner", "kernels", "results", "report", "teacher", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks"}),
     "entry": (3, {"__init__", "__main__"}),
 }

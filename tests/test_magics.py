@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import nbtools
-from nbtools import LaunchError, ParameterError, commands, device, launcher, params, session
+from nbtools import LaunchError, ParameterError, commands, device, launcher, session, workdir
 from nbtools.commands import CHECK_TORCH, CHECK_TORCH_WITHOUT_NPU, CommandNotHere
 from nbtools.device import from_probe
 
@@ -309,10 +309,10 @@ def test_an_fsdp_config_under_the_cpu_route_runs_ddp_as_the_why_line_says(ip, tm
 
 
 def test_unattended_detection():
-    assert params.unattended({"NBTOOLS_UNATTENDED": "1"})
-    assert params.unattended({"CI": "true"})
-    assert params.notebook_stem({"JPY_SESSION_NAME": "/home/u/notebooks/00_environment.ipynb"}) == "00_environment"
-    assert params.notebook_stem({}) == "notebook"
+    assert workdir.unattended({"NBTOOLS_UNATTENDED": "1"})
+    assert workdir.unattended({"CI": "true"})
+    assert workdir.notebook_stem({"JPY_SESSION_NAME": "/home/u/notebooks/00_environment.ipynb"}) == "00_environment"
+    assert workdir.notebook_stem({}) == "notebook"
 
 
 def test_setup_interactive_makes_a_persistent_folder_and_chdirs(tmp_path, monkeypatch, capsys):
