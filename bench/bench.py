@@ -325,18 +325,19 @@ def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     _timed(ours_cmd)  # fills the probe cache, as any first call does
     plain, ours = [], []
     for i in range(repeat):  # pairs, their order alternating, so that a load change hits both alike
-        pair = [lambda: _timed([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env),
-                lambda: _timed(ours_cmd)]
-        got = [run() for run in (pair if i % 2 == 0 else pair[::-1])]
-        plain.append(got[0] if i % 2 == 0 else got[1])
-        ours.append(got[1] if i % 2 == 0 else got[0])
+        runs = {"plain": lambda: _timed([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env),
+                "ours": lambda: _timed(ours_cmd)}
+        got = {name: runs[name]() for name in (("plain", "ours") if i % 2 == 0 else ("ours", "plain"))}
+        plain.append(got["plain"])
+        ours.append(got["ours"])
     # the median of each pair's own difference: the ranks' run time varies by about a second between runs on a
     # busy machine, and a difference of two medians keeps that noise
     diffs = [o - p for o, p in zip(ours, plain)]
     res = {"plain_s": round(statistics.median(plain), 2), "nbtools_s": round(statistics.median(ours), 2),
-           "overhead_s": round(statistics.median(diffs), 2), "pairs": repeat, "differences_s": [round(d, 2) for d in diffs]}
-    log(f"  launch: plain {res['plain_s']:.2f} s, nbtools {res['nbtools_s']:.2f} s, overhead {res['overhead_s']:+.2f} s "
-        f"(medians of {repeat} alternating pairs)")
+           "overhead_s": round(statistics.median(diffs), 2), "pairs": repeat,
+           "differences_s": [round(d, 2) for d in diffs]}
+    log(f"  launch: plain {res['plain_s']:.2f} s, nbtools {res['nbtools_s']:.2f} s, "
+        f"overhead {res['overhead_s']:+.2f} s (medians of {repeat} alternating pairs)")
     return res
 
 
@@ -427,8 +428,9 @@ def render(res: dict) -> str:
         lines += ["", f"Both runs passed: {here['ok'] and sim['ok']}."]
     if res.get("launch"):
         la = res["launch"]
-        lines += ["", "## Launch overhead", "", "| plain `accelerate launch` | `python -m nbtools launch` | overhead (median of "
-                  f"{la['pairs']} paired differences) |", "|---|---|---|"]
+        lines += ["", "## Launch overhead", "",
+                  f"| plain `accelerate launch` | `python -m nbtools launch` | overhead (median of {la['pairs']} paired "
+                  "differences) |", "|---|---|---|"]
         lines.append(f"| {la['plain_s']:.2f} s | {la['nbtools_s']:.2f} s | {la['overhead_s']:+.2f} s |")
     mem = res.get("memory") or {}
     if "checkpoint_bytes" in mem:

@@ -141,8 +141,8 @@ def _cmd_doctor(args) -> int:
 def _cmd_report(args) -> int:
     from .bundle import write_bundle
 
-    print(f"bundle: {write_bundle(Path(args.run_dir), args.to and Path(args.to))} (send it as README.md, Tested stacks, "
-          "says; it holds no path, host name or token of this machine)")
+    zipped = write_bundle(Path(args.run_dir), args.to and Path(args.to))
+    print(f"bundle: {zipped} (no path, host name or token of this machine in it; README.md says where to send it)")
     return 0
 
 

@@ -47,7 +47,8 @@ def environment_text() -> str:
     """npu-smi's table, the installed packages and ``accelerate env``, each under the command that printed it."""
     said = []
     for argv in (["npu-smi", "info"], [sys.executable, "-m", "pip", "list", "--format=freeze"], ["accelerate", "env"]):
-        proc = shutil.which(argv[0]) and subprocess.run(argv, capture_output=True, text=True, timeout=120, errors="replace")
+        found = shutil.which(argv[0])
+        proc = found and subprocess.run(argv, capture_output=True, text=True, timeout=120, errors="replace")
         said.append(f"$ {' '.join(argv)}\n" + (proc.stdout + proc.stderr if proc else "(not found on this machine)\n"))
     return "\n".join(said)
 
@@ -56,7 +57,7 @@ def write_bundle(run_dir: Path, to: Path | None = None) -> Path:
     """Zip the run in ``run_dir`` (a ``python -m nbtools run --output`` folder), scrubbed; returns the zip's path."""
     if missing := [name for name in FILES if not (run_dir / name).is_file()]:
         raise NbtoolsError(f"{run_dir} has no {', '.join(missing)}: give the --output folder of a finished "
-                                "`python -m nbtools run`")
+                           "`python -m nbtools run`")
     pairs, to = _replacements(run_dir), to or run_dir / "nbtools-bundle.zip"
     with zipfile.ZipFile(to, "w", zipfile.ZIP_DEFLATED) as z:
         for name in FILES:

@@ -25,8 +25,7 @@ class Status(str, Enum):
     SKIPPED = "skipped"
     MISSING = "missing"
     NOT_RUN = "not-run"
-    __str__ = str.__str__  # "passed" in f-strings and templates, on every Python
-    __format__ = str.__format__
+    __str__ = str.__str__  # "passed" in f-strings, format() and templates, on every Python (3.10 to 3.12 checked)
 
     @property
     def ok(self) -> bool:
@@ -36,7 +35,8 @@ class Status(str, Enum):
     @property
     def colours(self) -> tuple[str, str]:
         """index.html's badge: background and text colour."""
-        return {Status.PASSED: ("#dafbe1", "#116329"), Status.SKIPPED: ("#fff8c5", "#7d4e00")}.get(self, ("#ffebe9", "#a40e26"))
+        green, yellow, red = ("#dafbe1", "#116329"), ("#fff8c5", "#7d4e00"), ("#ffebe9", "#a40e26")
+        return green if self is Status.PASSED else yellow if self is Status.SKIPPED else red
 
 
 SEED_CHECKS = (

@@ -341,12 +341,11 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
     n = flags.get("--num_processes", config.get("num_processes"))
     n = default_processes if n is None else int(n) if str(n).isdigit() else n
     whole_numbers(1, **{"--num_processes": n})
-    num_processes = n
     env = dict(written.env)
     visible = env.pop(ASCEND_VAR, None)
     visible = env.pop(CUDA_VAR, visible)
     precision = flags.get("--mixed_precision") or config.get("mixed_precision") or "no"
-    return LaunchCall(words[i], words[i + 1 :], num_processes, str(precision), extra, env, visible, written,
+    return LaunchCall(words[i], words[i + 1 :], n, str(precision), extra, env, visible, written,
                       config_file, config, {k: v for k, v in flags.items() if k in PLAN_FLAGS})
 
 

@@ -44,21 +44,6 @@ from .errors import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")
-
-
-def known_device(device: str) -> str:
-    """The one rule for a ``device`` value (params.validate, DeviceInfo.resolve): 'auto' or a kind."""
-    if device not in ("auto", *KINDS):
-        raise ParameterError(f"parameter device={device!r} is not known; accepted: 'auto', 'npu', 'cuda', 'cpu'")
-    return device
-
-
-def whole_numbers(minimum: int = 1, **params) -> None:
-    """Every keyword is an integer (not a bool) >= ``minimum``: the one rule for counts, num_processes among them
-    (params.validate, DeviceInfo.plan, a written --num_processes, the notebooks' own parameters)."""
-    for name, value in params.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ParameterError(f"parameter {name}={value!r} is invalid; accepted: an integer >= {minimum}")
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
@@ -69,6 +54,22 @@ DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"
 CANN_SET_ENV = "/usr/local/Ascend/cann/set_env.sh"
 CANN_SET_ENV_OLD = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 CANN_INSTALL_INFO = "/etc/Ascend/ascend_cann_install.info"
+
+
+def known_device(device: str) -> str:
+    """The one rule for a ``device`` value (params.validate, DeviceInfo.resolve): 'auto' or a kind."""
+    if device not in ("auto", *KINDS):
+        accepted = ", ".join(map(repr, ("auto", *KINDS)))
+        raise ParameterError(f"parameter device={device!r} is not known; accepted: {accepted}")
+    return device
+
+
+def whole_numbers(minimum: int = 1, **params) -> None:
+    """Every keyword is an integer (not a bool) >= ``minimum``: the one rule for counts, num_processes among them
+    (params.validate, DeviceInfo.plan, a written --num_processes, the notebooks' own parameters)."""
+    for name, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ParameterError(f"parameter {name}={value!r} is invalid; accepted: an integer >= {minimum}")
 
 
 def cann_set_env(install_info: str | os.PathLike = CANN_INSTALL_INFO, root: str = "/usr/local/Ascend") -> str | None:
@@ -217,7 +218,8 @@ class DeviceInfo:
 
     def visible_ids(self) -> list[str]:
         """The card numbers this process may use, as the visibility variable lists them, else 0..count-1."""
-        return [x.strip() for x in (self.visible_devices or "").split(",") if x.strip()] or [str(i) for i in range(self.count)]
+        listed = [x.strip() for x in (self.visible_devices or "").split(",") if x.strip()]
+        return listed or [str(i) for i in range(self.count)]
 
     def plan(self, num_processes: int = 2, device: str = "auto") -> LaunchPlan:
         """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).

@@ -214,9 +214,10 @@ def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) 
 
 def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
     """Start ``argv`` under a guardian (guard.py) in a new session; its stdin is our control line."""
-    # a path is relative to cwd, as Popen (and the guardian) resolve it; a name is looked up in the command's PATH
-    exe = (os.path.join(cwd or "", argv[0]) if os.path.dirname(argv[0])
-           else shutil.which(argv[0], path=full_env.get("PATH")))
+    if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
+        exe = os.path.join(cwd or "", argv[0])
+    else:
+        exe = shutil.which(argv[0], path=full_env.get("PATH"))
     if not exe or not os.path.exists(exe):
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"

@@ -75,7 +75,9 @@ def route_config(call: LaunchCall, plan: LaunchPlan, folder: str) -> list[str]:
     """The learner's own --config_file as written (nothing added), else Accelerate's defaults in a file in ``folder``,
     so that the user's default config is never read. With a config file `accelerate launch` no longer picks
     MULTI_NPU by itself for N processes on N NPUs: on NPU the file says it; elsewhere the plan's flags decide."""
-    return [] if call.config_file is not None else launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
+    if call.config_file is not None:
+        return []
+    return launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
 
 
 def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str = "auto", timeout: float | None = 600,

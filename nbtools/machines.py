@@ -71,10 +71,12 @@ def stand_in(text: str, folder: str | os.PathLike = ".") -> Job:
     call = commands.parse_launch(text, default_processes=2)
     plan = detect().plan(max(call.num_processes, 2), "cpu")  # every machine's ranks together, on this host's CPU
     env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **plan.env}
-    flags = [*(f for f in plan.mode if f not in written.argv), *route_config(call, plan, str(folder)), *written.argv[2:]]
+    mode = [f for f in plan.mode if f not in written.argv]
+    flags = [*mode, *route_config(call, plan, str(folder)), *written.argv[2:]]
     # ACCELERATE_* variables of this environment must not reach them either (None: removed)
     env.update(dict.fromkeys(foreign_accelerate_vars(env)))
-    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, f"{SIMULATED_WHY}；{plan.route}")
+    why = f"{SIMULATED_WHY}；{plan.route}"
+    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, why)
 
 
 def stop(token: str) -> bool:

@@ -85,8 +85,11 @@ def _cell(text) -> str:
 
 # templates/index.html.j2 and templates/report.md.j2; only the HTML one is autoescaped.
 TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("nbtools", "templates"), autoescape=jinja2.select_autoescape(["html.j2"]),
-    trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True,
+    loader=jinja2.PackageLoader("nbtools", "templates"),
+    autoescape=jinja2.select_autoescape(["html.j2"]),
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
     finalize=lambda value: "" if value is None else value,  # a missing value shows as nothing, not 'None'
 )
 TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/": quote(str(text), safe=safe))
@@ -186,8 +189,11 @@ def offline_exporter():
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(template_name="lab", template_file=OFFLINE_TEMPLATE_NAME,
-                        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})])
+    return HTMLExporter(
+        template_name="lab",
+        template_file=OFFLINE_TEMPLATE_NAME,
+        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})],
+    )
 
 
 def check_anchors(nb) -> dict[str, str]:
@@ -233,7 +239,12 @@ def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str
     return pages, anchors, notes
 
 
-def render_index(report: RunReport, pages: dict | None = None, anchors: dict | None = None, notes=None) -> str:
+def render_index(
+    report: RunReport,
+    pages: dict[str, str] | None = None,
+    anchors: dict[str, dict] | None = None,
+    notes: list[str] | None = None,
+) -> str:
     """The index page (templates/index.html.j2). ``pages``: notebook path -> rendered page; ``anchors``: check
     cells in them; ``notes``: what could not be rendered."""
     template = TEMPLATES.get_template("index.html.j2")

@@ -31,7 +31,8 @@ class Failure:
     def of(cls, exc: BaseException) -> Failure:
         if ename := getattr(exc, "ename", None):
             return cls(ename, strip_ansi(str(getattr(exc, "evalue", ""))).strip(), getattr(exc, "cell_index", None),
-                       getattr(exc, "exec_count", None), traceback=[strip_ansi(t) for t in getattr(exc, "traceback", [])])
+                       getattr(exc, "exec_count", None),
+                       traceback=[strip_ansi(t) for t in getattr(exc, "traceback", [])])
         lines = strip_ansi(str(exc)).strip().splitlines()
         return cls(type(exc).__name__, lines[-1] if lines else "")
 

@@ -362,7 +362,8 @@ class _Run:
         rel = path.name
         self.report.notebooks.append(NotebookResult(rel, Status.NOT_RUN, error=self.stop_reason))
         self.report.checks.extend(
-            CheckResult(c.id, Status.FAILED, rel, self.stop_reason, c.seed) for c in judge_checks(self.selected.sources[path], rel)
+            CheckResult(c.id, Status.FAILED, rel, self.stop_reason, c.seed)
+            for c in judge_checks(self.selected.sources[path], rel)
         )
 
     def execute(self, path: Path, nb_params: dict, nxt: Path | None) -> Failure | None:
@@ -424,7 +425,8 @@ def run_notebooks(
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
-        device=info.to_dict(), parameters=selected.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel
+        device=info.to_dict(), parameters=selected.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        kernel=kernel,
     )
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs

@@ -87,12 +87,12 @@ def test_setup_refuses_an_unknown_profile_before_installing_anything(tmp_path):
         assert re.search(rf"^  {re.escape(profile)}\)", (GUARD / "scripts" / "setup_example.sh").read_text(), re.M)
 
 
-def test_the_scripts_say_what_is_missing():
+def test_the_scripts_say_what_is_missing(tmp_path):
     run = GUARD / "scripts" / "run_example.sh"
     env = {k: v for k, v in os.environ.items() if k not in ("TARGET_ROOT", "CI_OUTPUT_DIR", "ASCEND_SET_ENV")}
     proc = subprocess.run(["bash", str(run), "examples/02_distributed_eval.sh"], capture_output=True, text=True, env=env)
     assert proc.returncode != 0 and "TARGET_ROOT is required" in proc.stderr
-    env.update(TARGET_ROOT=ROOT, CI_OUTPUT_DIR="/tmp/unused", ASCEND_SET_ENV="/nonexistent/set_env.sh")
+    env.update(TARGET_ROOT=ROOT, CI_OUTPUT_DIR=str(tmp_path / "out"), ASCEND_SET_ENV="/nonexistent/set_env.sh")
     proc = subprocess.run(["bash", str(run), "examples/02_distributed_eval.sh"], capture_output=True, text=True, env=env)
     assert proc.returncode == 1 and "CANN's set_env.sh not found (/nonexistent/set_env.sh)" in proc.stderr
 

@@ -56,7 +56,7 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
         params.validate(mixed_precision="fp16", info=cpu)
     assert cpu.mixed_precisions == cpu.mixed_precisions_on("cpu") == ("no", "bf16")
     sources = {p.name: p.read_text(encoding="utf-8") for p in Path(nbtools.__file__).parent.glob("*.py")}
-    for rule in ("integer >= {minimum}", "is not known; accepted: 'auto'", '("no", "bf16")', 'split(",")'):
+    for rule in ("integer >= {minimum}", '("auto", *KINDS)', '("no", "bf16")', 'split(",")'):
         assert [name for name, text in sources.items() if rule in text] == ["device.py"], rule
     assert "isinstance(value, bool) or not isinstance(value, int)" not in inspect.getsource(params)
 
