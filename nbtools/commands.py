@@ -65,6 +65,7 @@ class WrittenCommand:
     online: bool = False
     background: bool = False  # %launch --background: started, not waited for (launcher.Background)
     as_written: bool = False  # %cmd --as-written accelerate launch: the line without the launch rule (05's trap)
+    fit: bool = False  # %launch --fit: the learner's own job, shrunk to the visible cards (DeviceInfo.plan)
 
 
 @dataclass
@@ -111,8 +112,8 @@ def split(text: str) -> list[str]:
         raise ParameterError(f"cannot parse the command ({exc}): {text.strip()[:200]}") from None
 
 
-# The options without a value, in WrittenCommand's field order; --background is %launch's, --as-written %cmd's
-SWITCHES = ("--allow-fail", "--online", "--background", "--as-written")
+# The options without a value, in WrittenCommand's field order; --background and --fit are %launch's, --as-written %cmd's
+SWITCHES = ("--allow-fail", "--online", "--background", "--as-written", "--fit")
 
 
 def parse(text: str) -> WrittenCommand:

@@ -221,14 +221,19 @@ class DeviceInfo:
         listed = [x.strip() for x in (self.visible_devices or "").split(",") if x.strip()]
         return listed or [str(i) for i in range(self.count)]
 
-    def plan(self, num_processes: int = 2, device: str = "auto") -> LaunchPlan:
+    def plan(self, num_processes: int = 2, device: str = "auto", fit: bool = False) -> LaunchPlan:
         """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).
 
         When fewer accelerators are visible than processes asked for, the plan is the
-        CPU (gloo) route and says so: ``fallback`` is True and ``note`` explains.
+        CPU (gloo) route and says so: ``fallback`` is True and ``note`` explains. ``fit`` (the learner's
+        own job, ``%launch --fit``): the count shrinks to the visible cards instead, and the ranks run on them.
         """
         whole_numbers(1, num_processes=num_processes)
         kind, n, note, why, said = self.resolve(device), num_processes, "", [], ""
+        if fit and kind != "cpu" and self.count < n:
+            n = self.count
+            why.append(f"学员自己的任务：要 {num_processes} 个进程，只看得见 {n} 张 {kind.upper()}：用 {n} 个进程，"
+                       f"在 {', '.join(f'{kind}:{i}' for i in range(n))} 上")
         flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
         fallback = kind != "cpu" and self.count < n
         if fallback:

@@ -81,13 +81,13 @@ def route_config(call: LaunchCall, plan: LaunchPlan, folder: str) -> list[str]:
 
 
 def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str = "auto", timeout: float | None = 600,
-                port: int | None = None, cwd: str | os.PathLike | None = None) -> LaunchSpec:
+                port: int | None = None, cwd: str | os.PathLike | None = None, fit: bool = False) -> LaunchSpec:
     """Validate ``call`` (a written or built ``accelerate launch``) and decide how it runs here.
 
     The device route comes from ``DeviceInfo.plan`` (with its reasons); this function adds the config
     file (the learner's own ``--config_file`` as written, else Accelerate's defaults in a file beside the
     script, so that the user's default config is never read), removes this environment's ACCELERATE_*
-    variables, and says why in one line.
+    variables, and says why in one line. ``fit``: the learner's own job, which shrinks to the visible cards (plan).
     """
     written = call.plan_flags  # --cpu means device="cpu"; a written port is used; the others are the plan's
     device = "cpu" if "--cpu" in written else device
@@ -97,7 +97,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
         port = int(text)
     info = validate(device=device, num_processes=call.num_processes, mixed_precision=call.mixed_precision,
                     timeout_s=timeout, info=info)
-    plan = info.plan(call.num_processes, device)
+    plan = info.plan(call.num_processes, device, fit=fit)
     notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
     run_env = dict(plan.env, **call.env)
     # ACCELERATE_* variables exported in the kernel would change the launch: they are removed.
@@ -152,6 +152,7 @@ class LaunchOptions:
     echo: bool = True  # what is shown
     written: str | None = None
     timeout_name: str = "timeout_s"
+    fit: bool = False  # the learner's own job: fewer cards than --num_processes shrinks the count (DeviceInfo.plan)
 
 
 def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processes: int = 2, mixed_precision: str = "no",
@@ -162,7 +163,7 @@ def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processe
     o = options
     call = LaunchCall.of(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision, env=o.env,
                          extra_flags=o.extra_flags)
-    spec = launch_spec(call, info=o.info, device=device, timeout=timeout, port=o.port, cwd=o.cwd)
+    spec = launch_spec(call, info=o.info, device=device, timeout=timeout, port=o.port, cwd=o.cwd, fit=o.fit)
     shown = Shown(echo=o.echo, written=o.written, timeout_name=o.timeout_name)
     return launch(spec, check=o.check, offline=o.offline, echo=shown, background=o.background)
 

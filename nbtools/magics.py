@@ -7,7 +7,9 @@ whole process tree stopped, error markers) and returns an ``nbtools.Result``.
 
 Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
 ``--online`` (let Hugging Face reach the network), and for ``%launch`` ``--background`` (return a
-``guarded.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end). Without ``nbtools.setup`` the magics use device
+``guarded.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end) and ``--fit``
+(the learner's own job: fewer visible cards than ``--num_processes`` shrinks the count, the ranks run on the cards,
+and the why line says so; ``DeviceInfo.plan``). Without ``nbtools.setup`` the magics use device
 "auto", the kernel's cwd and a 600 s timeout.
 """
 
@@ -96,8 +98,9 @@ def _failed(exc: LaunchError, written: commands.WrittenCommand) -> Result:
 def run_written(text: str) -> Result:
     """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
     written = commands.parse(text)
-    if written.background:
-        raise ParameterError("--background is a %launch option (a launch that keeps running while the notebook goes on)")
+    if written.background or written.fit:
+        raise ParameterError("--background and --fit are %launch options (a launch that keeps running while the notebook "
+                             "goes on; the learner's own job, shrunk to the visible cards)")
     info, device, timeout, timeout_name = _context()
     real = commands.command_here(written, info, device)
     same = real.argv == written.argv and real.env == written.env
@@ -121,7 +124,7 @@ def run_launch(text: str) -> Result:
     timeout = written.timeout or timeout
     shown = Shown(written=written.text, timeout_name="--timeout" if written.timeout else timeout_name)
     try:
-        spec = launch_spec(call, info=info, device=device, timeout=timeout)
+        spec = launch_spec(call, info=info, device=device, timeout=timeout, fit=written.fit)
         result = launch(spec, check=not written.allow_fail, offline=not written.online, echo=shown,
                         background=written.background)
     except LaunchError as exc:

@@ -46,6 +46,12 @@ class Session:
         """The kind the single-device checks run on (npu / cuda / cpu): the device parameter, resolved here."""
         return self.info.resolve(self.device_param)
 
+    def fitted(self, n: int | None = None) -> int:
+        """The count a fitted launch (``%launch --fit``, the learner's own job) of ``n`` ranks uses here, from the
+        probe and the device parameter: the visible cards when an accelerator has fewer, else ``n``."""
+        n = self.num_processes if n is None else n
+        return n if self.device == "cpu" else min(n, self.info.count)
+
     def only_on_npu(self, what: str) -> str | None:
         """Why a check that only an Ascend card can answer does not run here, or None on a real NPU.
 
