@@ -1,10 +1,19 @@
 """The ``hccl`` process-group backend of the simulated NPU: gloo on host aliases of the npu tensors
-(CPU tensors over the same bytes, so results land in place)."""
+(CPU tensors over the same bytes, so results land in place).
+
+Every collective the real ``ProcessGroupHCCL`` (torch_npu 2.9.0.post2, Ascend/pytorch commit
+6fd1203f1b06b11cfd481cfc1366b0ca0d3b0379, torch_npu/csrc/distributed/ProcessGroupHCCL.cpp) implements is a method
+here that gives the same result, or raises as that one raises (its reduce ops and data types). Collectives run to
+completion before the method returns (the work handed back is already finished), so a result can never be read
+before it has landed; point-to-point ``send`` / ``recv`` stay asynchronous, since a blocking send would deadlock a
+ring. Any other method, and any op of torch's functional-collective namespaces this module does not run, raises an
+error that names it and says it is not simulated: never a silent wrong answer."""
 import ctypes
 import os
 
 import torch
 import torch.distributed as dist
+from torch._C import _distributed_c10d as C
 
 from . import _runtime as rt
 from ._tensor import host
@@ -12,6 +21,20 @@ from ._tensor import host
 # test-only fault: the all-gather does not gather; each rank gets its own tensor in its slot and
 # zeros in the other ranks' slots
 _LOCAL_ONLY = rt.FAULT == "allgather_local"
+
+R = dist.ReduceOp
+# ProcessGroupHCCL.cpp getHcclReduceOp / checkSupportedDataType
+_UNSUPPORTED_OPS = {R.BAND: "BAND", R.BOR: "BOR", R.BXOR: "BXOR"}
+_HCCL_DTYPES = {torch.int8: "int8", torch.int16: "int16", torch.int32: "int32", torch.float16: "fp16",
+                torch.float32: "fp32", torch.bfloat16: "bfp16", torch.int64: "int64", torch.uint8: "uint8",
+                torch.bool: "uint8", torch.float64: "fp64", torch.uint16: "uint16", torch.uint32: "uint32",
+                torch.uint64: "uint64"}
+_REDUCIBLE = {"int8", "int16", "int32", "fp16", "fp32", "bfp16", "int64"}
+
+
+def not_simulated(what):
+    return NotImplementedError(f"{what} is not simulated by the simulated NPU's hccl backend (simnpu): "
+                               "it runs only on a real Ascend card")
 
 
 def _u(t):
@@ -27,16 +50,39 @@ def _l(ts):
     return [_u(t) for t in ts]
 
 
-class _Done:
-    """A finished work object (for the fault path, which does no communication)."""
-    def wait(self, timeout=None):
-        return True
+def _done(value=None):
+    """A finished work object whose future carries ``value`` (DDP's comm hooks read ``fut.value()``)."""
+    fut = torch.futures.Future()
+    fut.set_result(value)
+    return C._create_work_from_future(fut)
 
-    def is_completed(self):
-        return True
 
-    def is_success(self):
-        return True
+def _kind(op):
+    """The RedOpType of a ReduceOp (options carry a ReduceOp, callers pass a RedOpType)."""
+    return getattr(op, "op", op)
+
+
+def _check_reduce(fname, tensors, op, casts_bytes=False):
+    """Raise where ProcessGroupHCCL raises: an unsupported data type (bool / uint8 are cast to int32 first by the
+    allreduce and reduce family), BAND / BOR / BXOR, or a ReduceOp it does not handle (PREMUL_SUM)."""
+    for t in tensors:
+        name = _HCCL_DTYPES.get(t.dtype)
+        if name is None:
+            raise RuntimeError(f"HCCL {fname}: unsupported data type {t.dtype}")
+        if casts_bytes and t.dtype in (torch.bool, torch.uint8):
+            name = "int32"
+        if name not in _REDUCIBLE:
+            raise RuntimeError(f"HCCL {fname}: Unsupported data type {name}")
+    op = _kind(op)
+    if op in _UNSUPPORTED_OPS:
+        raise RuntimeError(f"Cannot use ReduceOp.{_UNSUPPORTED_OPS[op]} with HCCL")
+    if op not in (R.SUM, R.AVG, R.MAX, R.MIN, R.PRODUCT):
+        raise RuntimeError("Unhandled ReduceOp")
+
+
+def _gloo_op(op):
+    """HCCL has no AVG: it sums, then divides by the group's size (as the real one does)."""
+    return R.SUM if _kind(op) == R.AVG else op
 
 
 class _Destroyed:
@@ -44,15 +90,6 @@ class _Destroyed:
     def __getattr__(self, name):
         raise RuntimeError("HCCL: this process group was destroyed (destroy_process_group); "
                            "create a new one with init_process_group")
-
-
-def _fake_work():
-    try:
-        fut = torch.futures.Future()
-        fut.set_result(None)
-        return dist._create_work_from_future(fut)
-    except Exception:
-        return _Done()
 
 
 def _quiet_gloo(store, rank, size, timeout):
@@ -74,6 +111,18 @@ def _quiet_gloo(store, rank, size, timeout):
         os.dup2(saved, 1)
         os.close(saved)
         os.close(devnull)
+
+
+class _BackendView:
+    """What ``group._get_backend(npu)`` answers to Python callers (batch_isend_irecv, DeviceMesh, FSDP2): the
+    backend's name, and no coalescing, splitting, time estimate or tensor allocation of its own."""
+    supports_coalescing = supports_splitting = supports_time_estimate = False
+
+    def name(self):
+        return "hccl"
+
+    def supports_tensor_alloc(self, device):
+        return False
 
 
 class ProcessGroupHCCL(dist.ProcessGroup):
@@ -106,75 +155,292 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def _device_types(self):
         return [torch.device("npu")]
 
-    def allreduce(self, ts, opts):
-        return self._gloo.allreduce(_l(ts), opts)
+    def _get_backend(self, device):
+        if torch.device(device).type != "npu":
+            raise RuntimeError(f"No backend type associated with device type {torch.device(device).type}")
+        return _BackendView()
 
-    def allreduce_coalesced(self, ts, opts):
-        return self._gloo.allreduce_coalesced(_l(ts), opts)
+    # ---- reductions ------------------------------------------------------------------------------------------
+    def _allreduce_one(self, t, op):
+        """One tensor, reduced in place: bool / uint8 go through int32 (as HCCL casts them), AVG is a sum divided
+        by the group's size."""
+        h = _u(t)
+        work = h if t.dtype not in (torch.bool, torch.uint8) else h.to(torch.int32)
+        opts = C.AllreduceOptions()
+        opts.reduceOp = _gloo_op(op)
+        self._gloo.allreduce([work], opts).wait()
+        if _kind(op) == R.AVG:
+            work.div_(self.size())
+        if work is not h:
+            h.copy_(work)
 
-    def broadcast(self, ts, opts):
-        return self._gloo.broadcast(_l(ts), opts)
+    def allreduce(self, ts, opts=None):
+        op = opts.reduceOp if opts is not None else R.SUM
+        _check_reduce("allreduce", ts, op, casts_bytes=True)
+        for t in ts:
+            self._allreduce_one(t, op)
+        return _done(list(ts))
+
+    def allreduce_coalesced(self, ts, opts=None):
+        op = opts.reduceOp if opts is not None else R.SUM
+        _check_reduce("allreduce_coalesced", ts, op, casts_bytes=True)
+        for t in ts:
+            self._allreduce_one(t, op)
+        return _done(list(ts))
 
     def reduce(self, ts, opts):
-        return self._gloo.reduce(_l(ts), opts)
+        _check_reduce("reduce", ts, opts.reduceOp, casts_bytes=True)
+        for t in ts:   # an all-reduce kept on the root only: the other ranks' tensors stay as they were
+            tmp = t.clone()
+            self._allreduce_one(tmp, opts.reduceOp)
+            if self.rank() == opts.rootRank:
+                t.copy_(tmp)
+        return _done(list(ts))
 
-    def allgather(self, outs, ins, opts):
+    def _reduce_scatter_one(self, out, inp, op, fname):
+        _check_reduce(fname, [inp], op)
+        h = _u(inp).contiguous().clone()
+        o = C.AllreduceOptions()
+        o.reduceOp = _gloo_op(op)
+        self._gloo.allreduce([h], o).wait()
+        if _kind(op) == R.AVG:
+            h.div_(self.size())
+        n = _u(out).numel()
+        if h.numel() != n * self.size():
+            raise ValueError(f"HCCL {fname}: input size {h.numel()} is not the output size {n} times the group "
+                             f"size {self.size()}")
+        _u(out).copy_(h.reshape(-1)[self.rank() * n:(self.rank() + 1) * n].view(out.shape))
+
+    def _reduce_scatter_base(self, out, inp, opts):
+        self._reduce_scatter_one(out, inp, opts.reduceOp, "_reduce_scatter_base")
+        return _done([out])
+
+    def reduce_scatter_single(self, out, inp, opts=None):
+        return self._reduce_scatter_base(out, inp, opts or C.ReduceScatterOptions())
+
+    def reduce_scatter_tensor_coalesced(self, outs, ins, opts=None):
+        opts = opts or C.ReduceScatterOptions()
+        for o, i in zip(outs, ins):
+            self._reduce_scatter_one(o, i, opts.reduceOp, "reduce_scatter_tensor_coalesced")
+        return _done(list(outs))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def reduce_scatter(self, outs, ins, opts):
+        for o, ilist in zip(outs, ins):
+            _check_reduce("reduce_scatter", ilist, opts.reduceOp)
+            self._reduce_scatter_one(o, torch.cat([i.reshape(-1) for i in ilist]), opts.reduceOp, "reduce_scatter")
+        return _done(list(outs))
+
+    # ---- gathers and broadcasts ------------------------------------------------------------------------------
+    def broadcast(self, ts, opts):
+        self._gloo.broadcast(_l(ts), opts).wait()
+        return _done(list(ts))
+
+    def allgather(self, outs, ins, opts=None):
+        opts = opts or C.AllgatherOptions()
         if _LOCAL_ONLY:
             for olist, i in zip(outs, ins):
                 for r, o in enumerate(olist):
                     _u(o).copy_(_u(i)) if r == self.rank() else _u(o).zero_()
-            return _fake_work()
-        return self._gloo.allgather([_l(o) for o in outs], _l(ins), opts)
+            return _done(outs)
+        self._gloo.allgather([_l(o) for o in outs], _l(ins), opts).wait()
+        return _done(outs)
 
-    def _allgather_base(self, out, inp, opts):
+    def _allgather_base(self, out, inp, opts=None):
         # one slot per rank in the output, whether it is laid out as [world * n, ...] (concatenated) or
         # [world, n, ...] (stacked): gloo's own _allgather_base accepts only a flat output
+        if _u(out).numel() != _u(inp).numel() * self.size():
+            raise ValueError(f"HCCL _allgather_base: output size {out.numel()} is not the input size "
+                             f"{inp.numel()} times the group size {self.size()}")
         slots = _u(out).view(-1, *_u(inp).shape)
         if _LOCAL_ONLY:
             slots.zero_()
             slots[self.rank()].copy_(_u(inp))
-            return _fake_work()
-        return self._gloo.allgather([list(slots.unbind(0))], [_u(inp).contiguous()], opts)
+            return _done([out])
+        self._gloo.allgather([list(slots.unbind(0))], [_u(inp).contiguous()],
+                             opts or C.AllgatherOptions()).wait()
+        return _done([out])
 
     def all_gather_single(self, out, inp, opts=None):
-        if opts is None:
-            opts = dist.AllgatherOptions()
         return self._allgather_base(out, inp, opts)
 
-    def _reduce_scatter_base(self, out, inp, opts):
-        return self._gloo._reduce_scatter_base(_u(out), _u(inp), opts)
+    def allgather_into_tensor_coalesced(self, outs, ins, opts=None):
+        for o, i in zip(outs, ins):
+            self._allgather_base(o, i, opts)
+        return _done(list(outs))
 
-    def reduce_scatter_single(self, out, inp, opts=None):
-        if opts is None:
-            opts = dist.ReduceScatterOptions()
-        return self._reduce_scatter_base(out, inp, opts)
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def allgather_coalesced(self, outs, ins, opts=None):
+        """``outs[r][i]`` receives rank r's ``ins[i]``."""
+        for i, t in enumerate(ins):
+            self.allgather([[o[i] for o in outs]], [t], opts)
+        return _done(outs)
 
     def gather(self, outs, ins, opts):
-        return self._gloo.gather([_l(o) for o in outs], _l(ins), opts)
+        # the real torch_npu runs dist.gather as an all-gather (its Python patch); the result is the same
+        self._gloo.gather([_l(o) for o in outs], _l(ins), opts).wait()
+        return _done(outs)
 
     def scatter(self, outs, ins, opts):
-        return self._gloo.scatter(_l(outs), [_l(i) for i in ins], opts)
+        self._gloo.scatter(_l(outs), [_l(i) for i in ins], opts).wait()
+        return _done(list(outs))
 
-    def reduce_scatter(self, outs, ins, opts):
-        return self._gloo.reduce_scatter(_l(outs), [_l(i) for i in ins], opts)
+    # ---- all-to-all ------------------------------------------------------------------------------------------
+    def alltoall_base(self, out, inp, out_splits, in_splits, opts=None):
+        self._gloo.alltoall_base(_u(out), _u(inp).contiguous(), list(out_splits), list(in_splits),
+                                 opts or C.AllToAllOptions()).wait()
+        return _done([out])
 
-    def alltoall_base(self, out, inp, out_splits, in_splits, opts):
-        return self._gloo.alltoall_base(_u(out), _u(inp), out_splits, in_splits, opts)
+    def all_to_all_single(self, out, inp, out_splits, in_splits, opts=None):
+        return self.alltoall_base(out, inp, out_splits, in_splits, opts)
 
-    def barrier(self, opts):
-        return self._gloo.barrier(opts)
+    def alltoall(self, outs, ins, opts=None):
+        """Each rank's i-th input goes to rank i: one flat all-to-all over the concatenated inputs."""
+        flat_in = torch.cat([_u(i).reshape(-1) for i in ins])
+        flat_out = torch.empty(sum(o.numel() for o in outs), dtype=flat_in.dtype)
+        self._gloo.alltoall_base(flat_out, flat_in, [o.numel() for o in outs], [i.numel() for i in ins],
+                                 opts or C.AllToAllOptions()).wait()
+        for o, piece in zip(outs, flat_out.split([o.numel() for o in outs])):
+            _u(o).copy_(piece.view(o.shape))
+        return _done(list(outs))
 
+    # ---- point to point, barrier, coalescing -----------------------------------------------------------------
     def send(self, ts, dst, tag):
         return self._gloo.send(_l(ts), dst, tag)
 
     def recv(self, ts, src, tag):
         return self._gloo.recv(_l(ts), src, tag)
 
+    def recv_anysource(self, ts, tag):
+        raise RuntimeError("ProcessGroupHCCL does not support recv")   # the real message (recv from any source)
+
+    def barrier(self, opts=None):
+        self._gloo.barrier(opts or C.BarrierOptions()).wait()
+        return _done(None)
+
+    def _start_coalescing(self, device):
+        pass   # every collective here completes when it is called: nothing to batch
+
+    def _end_coalescing(self, device):
+        return _done(None)
+
+    # ---- what the real ProcessGroupHCCL lacks, or this one does not run ----------------------------------------
+    def gather_into_tensor(self, *args, **kwargs):
+        raise not_simulated("gather_into_tensor")
+
+    def gather_single(self, *args, **kwargs):
+        raise not_simulated("gather_single")
+
+    def monitored_barrier(self, *args, **kwargs):
+        raise not_simulated("monitored_barrier")
+
 
 def _create(store, rank, size, timeout):
     return ProcessGroupHCCL(store, rank, size, timeout)
 
 
+# ---- torch's functional collectives (DTensor, FSDP2, get_state_dict, torch.compile'd collectives) -------------
+# They find the group by name and would call its C++ backend for the device type; the hccl group here is a Python
+# ProcessGroup, so npu kernels run them with its methods. Every op of these namespaces gets an npu kernel: the ones
+# below run the collective to completion (wait_tensor then has nothing to wait for); any other one raises by name.
+_FUNCTIONAL_NAMESPACES = ("_c10d_functional", "_c10d_functional_autograd", "c10d_functional", "_dtensor",
+                          "symm_mem")
+
+
+def _group(name):
+    import torch.distributed.distributed_c10d as c10d
+
+    return c10d._resolve_process_group(name)
+
+
+def _rop(name):
+    return {"sum": R.SUM, "avg": R.AVG, "max": R.MAX, "min": R.MIN, "product": R.PRODUCT, "premul_sum": R.PREMUL_SUM,
+            "band": R.BAND, "bor": R.BOR, "bxor": R.BXOR}[name.lower()]
+
+
+def _all_reduce(ts, op, group):
+    o = C.AllreduceOptions()
+    o.reduceOp = _rop(op)
+    _group(group).allreduce_coalesced(ts, o)
+    return ts
+
+
+def _all_gather(inp, size, group, out=None):
+    if out is None:
+        out = inp.new_empty((size * inp.shape[0], *inp.shape[1:]))
+    _group(group)._allgather_base(out, inp.contiguous())
+    return out
+
+
+def _reduce_scatter(inp, op, size, group, out=None):
+    if out is None:
+        out = inp.new_empty((inp.shape[0] // size, *inp.shape[1:]))
+    o = C.ReduceScatterOptions()
+    o.reduceOp = _rop(op)
+    _group(group)._reduce_scatter_base(out, inp.contiguous(), o)
+    return out
+
+
+def _all_to_all_single(inp, out_splits, in_splits, group):
+    g = _group(group)
+    out_splits, in_splits = [int(s) for s in out_splits], [int(s) for s in in_splits]
+    if not out_splits:   # equal splits: the first dimension divided by the group's size
+        out_splits = in_splits = [inp.shape[0] // g.size()] * g.size()
+    out = inp.new_empty((sum(out_splits), *inp.shape[1:]))
+    g.alltoall_base(out, inp.contiguous(), out_splits, in_splits)
+    return out
+
+
+def _broadcast(t, src, group):
+    o = C.BroadcastOptions()
+    o.rootRank = src
+    _group(group).broadcast([t], o)
+    return t
+
+
+FUNCTIONAL = {
+    "_c10d_functional::wait_tensor": lambda t: t,
+    "_c10d_functional::all_reduce": lambda t, op, g: _all_reduce([t.clone()], op, g)[0],
+    "_c10d_functional::all_reduce_": lambda t, op, g: _all_reduce([t], op, g)[0],
+    "_c10d_functional::all_reduce_coalesced": lambda ts, op, g: _all_reduce([t.clone() for t in ts], op, g),
+    "_c10d_functional::all_reduce_coalesced_": lambda ts, op, g: _all_reduce(list(ts), op, g),
+    "_c10d_functional::all_gather_into_tensor": _all_gather,
+    "_c10d_functional::all_gather_into_tensor_out": lambda t, size, g, *, out: _all_gather(t, size, g, out),
+    "_c10d_functional::all_gather_into_tensor_coalesced": lambda ts, size, g: [_all_gather(t, size, g) for t in ts],
+    "_c10d_functional::reduce_scatter_tensor": _reduce_scatter,
+    "_c10d_functional::reduce_scatter_tensor_out":
+        lambda t, op, size, g, *, out: _reduce_scatter(t, op, size, g, out),
+    "_c10d_functional::reduce_scatter_tensor_coalesced":
+        lambda ts, op, size, g: [_reduce_scatter(t, op, size, g) for t in ts],
+    "_c10d_functional::all_to_all_single": _all_to_all_single,
+    "_c10d_functional::broadcast": lambda t, src, g: _broadcast(t.clone(), src, g),
+    "_c10d_functional::broadcast_": _broadcast,
+}
+
+
+def _refusing(qualname):
+    def kernel(*args, **kwargs):
+        raise not_simulated(f"torch.ops.{qualname.replace('::', '.')}")
+    return kernel
+
+
+_LIBS = {}
+
+
+def _register_functional():
+    names = sorted({s.name for s in torch._C._jit_get_all_schemas()
+                    if s.name.split("::")[0] in _FUNCTIONAL_NAMESPACES})
+    for qualname in names:
+        ns, op = qualname.split("::")
+        if ns == "_c10d_functional_autograd" or (ns == "_dtensor" and op == "shard_dim_alltoall"):
+            continue   # composite: they call the _c10d_functional ops above (with autograd), which run here
+        lib = _LIBS.setdefault(ns, torch.library.Library(ns, "IMPL"))
+        lib.impl(op, FUNCTIONAL.get(qualname) or _refusing(qualname), "PrivateUse1")
+
+
 def register():
     if dist.is_available() and "hccl" not in dist.Backend.backend_list:
         dist.Backend.register_backend("hccl", _create, devices=["npu"])
+        _register_functional()

@@ -1,7 +1,7 @@
 """NPU tensors of the simulated backend. They are plain PrivateUse1 tensors made by the C++ part
 (``simnpu/csrc/simnpu_tensor.cpp``: host memory counted against the card's capacity, a kernel fallback that
 runs the CPU kernels on the same bytes); this module adds what torch leaves to Python: the device name,
-autocast's policy and the functional collectives' kernels."""
+autocast's policy (the functional collectives' kernels are in _hccl)."""
 import torch
 from torch.utils._pytree import tree_map
 
@@ -13,60 +13,6 @@ torch.utils.rename_privateuse1_backend("npu")
 def host(t):
     """A CPU tensor over the npu tensor ``t``'s bytes (writes to it land on the card)."""
     return torch.ops.simnpu.host_alias(t.detach())
-
-
-def _functional_collective(name, args):
-    """torch's functional collectives (DTensor, FSDP2, get_state_dict) find the group by name and call its C++
-    backend for the device type; the hccl group here is a Python ProcessGroup, so they are run by its methods."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-    from torch._C import _distributed_c10d as C
-
-    ops = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN,
-           "product": dist.ReduceOp.PRODUCT}
-    if name == "wait_tensor":
-        return args[0]
-    if name == "all_gather_into_tensor":
-        inp, size, group = args[:3]
-        out = inp.new_empty((size * inp.shape[0], *inp.shape[1:]))
-        c10d._resolve_process_group(group)._allgather_base(out, inp.contiguous(), C.AllgatherOptions()).wait()
-        return out
-    if name == "reduce_scatter_tensor":
-        inp, op, size, group = args[:4]
-        out = inp.new_empty((inp.shape[0] // size, *inp.shape[1:]))
-        opts = C.ReduceScatterOptions()
-        opts.reduceOp = ops[op.lower()]
-        c10d._resolve_process_group(group)._reduce_scatter_base(out, inp.contiguous(), opts).wait()
-        return out
-    if name in ("all_reduce", "all_reduce_"):
-        inp, op, group = args[:3]
-        out = inp if name.endswith("_") else inp.clone()
-        opts = C.AllreduceOptions()
-        opts.reduceOp = ops[op.lower()]
-        c10d._resolve_process_group(group).allreduce([out], opts).wait()
-        return out
-    if name in ("broadcast", "broadcast_"):
-        inp, src, group = args[:3]
-        out = inp if name.endswith("_") else inp.clone()
-        opts = C.BroadcastOptions()
-        opts.rootRank = src
-        c10d._resolve_process_group(group).broadcast([out], opts).wait()
-        return out
-    raise AssertionError(name)  # _FUNCTIONAL lists the names handled above
-
-
-_FUNCTIONAL = {"wait_tensor", "all_gather_into_tensor", "reduce_scatter_tensor", "all_reduce", "all_reduce_",
-               "broadcast", "broadcast_"}
-
-
-def _functional_kernel(name):
-    return lambda *args: _functional_collective(name, args)
-
-
-_FC = torch.library.Library("_c10d_functional", "IMPL")
-for _name in _FUNCTIONAL:
-    _FC.impl(_name, _functional_kernel(_name), "PrivateUse1")
-
 
 
 # ---- autocast("npu"): core registers no policy for AutocastPrivateUse1 --------------------------
