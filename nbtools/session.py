@@ -10,11 +10,13 @@ device and timeout.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import proctree, workdir
-from .device import DeviceInfo, LaunchPlan
+from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo, LaunchPlan
+from .expected import parse_kv
 from .guarded import MARKER_ENV, stop_background
 from .params import validate
 from .workdir import cleanup, unattended
@@ -27,6 +29,32 @@ _CURRENT: Session | None = None
 def current() -> Session | None:
     """The open session of this kernel, if ``setup`` was called (and not closed)."""
     return _CURRENT if _CURRENT is not None and not _CURRENT.closed else None
+
+
+@dataclass(frozen=True)
+class Expected:
+    """What the ranks of an N-process launch must report on this host (``Session.expect``): derived from the probe
+    (the cards' kind and count) and the ``device`` parameter, never from the plan that chose the route."""
+
+    world: int
+    kind: str  # the device type the ranks report: npu / cuda / cpu
+    distributed_type: str
+    backend: str | None
+    devices: tuple[str, ...]  # each rank's `accelerator.device`, in rank order
+    where: str  # the host and what it implies, in a sentence
+    skip: str = ""  # why a check that needs the cards cannot pass here (fewer cards than ranks); never a pass
+
+    def assert_ran(self, output: str) -> None:
+        """Fail, saying why, when the ranks in ``output`` report another route than this host's (the CPU stand-in
+        where the cards are, another count or backend); each rank's ``rank i of N on DEVICE`` line is compared too."""
+        kv, ranks = parse_kv(output), dict(re.findall(r"rank (\d+) of \d+ on ([\w:]+)", output))
+        want = {"world": str(self.world), "distributed_type": self.distributed_type, "backend": str(self.backend),
+                "device": self.kind}
+        wrong = [f"{k}={kv[k]}（应为 {v}）" for k, v in want.items() if k in kv and kv[k] != v]
+        if ranks and ranks != {str(i): d for i, d in enumerate(self.devices)}:
+            wrong.append(f"各 rank 的设备 {ranks}（应为 {list(self.devices)}）")
+        assert not wrong, (f"{self.where}，但 rank 报告 {'、'.join(wrong)}：这次启动没有走这台机器应走的路线"
+                           "（例如卡就在这里，却由 CPU 代跑），所以不能算通过")
 
 
 @dataclass
@@ -51,6 +79,27 @@ class Session:
         probe and the device parameter: the visible cards when an accelerator has fewer, else ``n``."""
         n = self.num_processes if n is None else n
         return n if self.device == "cpu" else min(n, self.info.count)
+
+    def expect(self, n: int | None = None) -> Expected:
+        """What an ``n``-rank launch (default num_processes) must report here, from the probe and the device
+        parameter alone (``plan()`` is not asked): on a host with ``n`` cards, the cards with hccl/nccl; with
+        ``device='cpu'`` or no card, a gloo group on the CPU; with fewer cards, the labelled CPU stand-in, and
+        ``skip`` says why a check that needs the cards is skipped there."""
+        n = self.num_processes if n is None else n
+        kind, count, name = self.device, self.info.count, self.device.upper()
+        skip, ran = "", "cpu" if kind != "cpu" and count < n else kind
+        if ran != kind:
+            where = f"这台机器只看得见 {count} 张 {name}，要 {n} 个进程：按规则由 CPU 代跑（gloo）"
+            skip = (f"需要 {n} 张 {name}，这台只看得见 {count} 张：{n} 个进程的启动由 CPU 代跑，"
+                    f"证明不了 {BACKENDS[kind]}/{DISTRIBUTED_TYPES[kind]}（在有 {n} 张卡的机器上才算数）")
+        elif kind == "cpu":
+            where = "这里没有 NPU/CUDA" if self.info.kind == "cpu" else f"在 {self.info.kind.upper()} 机器上要了 device='cpu'"
+            where += f"：{n} 个进程应当是 CPU 上的 gloo 进程组"
+        else:
+            where = f"这台机器看得见 {count} 张 {name}：{n} 个进程应当在卡上运行，用 {BACKENDS[kind]}/{DISTRIBUTED_TYPES[kind]}"
+        devices = [ran] * n if ran == "cpu" or n == 1 else [f"{ran}:{i}" for i in range(n)]
+        return Expected(n, ran, DISTRIBUTED_TYPES[ran] if n > 1 else "NO", BACKENDS[ran] if n > 1 else None,
+                        tuple(devices), where, skip)
 
     def only_on_npu(self, what: str) -> str | None:
         """Why a check that only an Ascend card can answer does not run here, or None on a real NPU.

@@ -3,7 +3,13 @@ the launch checks' expectations come from the probe, never from the plan that ch
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
+from conftest import NOTEBOOKS
 
 from nbtools import commands, launcher, session
 from nbtools.device import from_probe
@@ -61,3 +67,74 @@ def test_fitted_counts_from_the_probe_and_fit_is_a_launch_option(monkeypatch, tm
     monkeypatch.setattr(launcher, "launch", lambda s, **kw: seen.append(s))
     launcher.accelerate_launch("t.py", options=LaunchOptions(fit=True, info=info(NPU1), cwd=tmp_path))
     assert seen[0].plan.num_processes == 1 and seen[0].plan.kind == "npu"
+
+
+# ---------------------------------------------------------------- expectations from the probe, never the plan
+
+
+def test_expect_comes_from_the_probe_and_the_device_parameter(monkeypatch):
+    monkeypatch.setattr(session.DeviceInfo, "plan", lambda *a, **k: pytest.fail("S.expect asked the plan"))
+    s = session.Session(info(NPU2), None, "auto", 2, 600, ".")
+    e = s.expect(2)
+    assert (e.world, e.kind, e.distributed_type, e.backend, e.devices, e.skip) == (2, "npu", "MULTI_NPU", "hccl",
+                                                                                 ("npu:0", "npu:1"), "")
+    short = session.Session(info(NPU1), None, "auto", 2, 600, ".").expect(2)
+    assert (short.kind, short.distributed_type, short.backend) == ("cpu", "MULTI_CPU", "gloo")
+    assert "需要 2 张 NPU，这台只看得见 1 张" in short.skip and "hccl/MULTI_NPU" in short.skip
+    cpu_asked = session.Session(info(NPU2), None, "cpu", 2, 600, ".").expect(2)
+    assert (cpu_asked.kind, cpu_asked.backend, cpu_asked.skip) == ("cpu", "gloo", "")
+    one = session.Session(info(CUDA1), None, "auto", 1, 600, ".").expect(1)
+    assert (one.distributed_type, one.backend, one.devices) == ("NO", None, ("cuda",))
+
+
+STAND_IN = """world=2 distributed_type=MULTI_CPU backend=gloo mixed_precision=no
+rank 0 of 2 on cpu
+rank 1 of 2 on cpu
+device=cpu final_loss=0.1
+"""
+
+
+def test_a_stand_in_where_the_cards_are_fails_saying_why():
+    e = session.Session(info(NPU2), None, "auto", 2, 600, ".").expect(2)
+    with pytest.raises(AssertionError, match="这台机器看得见 2 张 NPU.*distributed_type=MULTI_CPU（应为 MULTI_NPU）.*CPU 代跑"):
+        e.assert_ran(STAND_IN)
+    on_cards = STAND_IN.replace("MULTI_CPU", "MULTI_NPU").replace("gloo", "hccl").replace("on cpu", "on npu:X")
+    with pytest.raises(AssertionError, match="各 rank 的设备"):
+        e.assert_ran(on_cards.replace("device=cpu", "device=npu"))
+    e.assert_ran(on_cards.replace("device=cpu", "device=npu").replace("0 of 2 on npu:X", "0 of 2 on npu:0")
+                 .replace("1 of 2 on npu:X", "1 of 2 on npu:1"))
+    session.Session(info(NPU1), None, "auto", 2, 600, ".").expect(2).assert_ran(STAND_IN)  # the labelled stand-in
+
+
+# A fault in the launch rule, loaded into every kernel by IPython's startup folder: the multi-process launches it
+# names (FAULT: "all", or "bf16" for the bf16 launches only) go to the CPU stand-in although the cards are there.
+FAULT = """
+import dataclasses, os
+from nbtools import detect, launcher, magics
+
+def launch_spec(call, *, info=None, **kw):
+    if call.num_processes > 1 and os.environ["FAULT"] in ("all", call.mixed_precision):
+        info = dataclasses.replace(info or detect(), count=0)
+    return launcher.launch_spec(call, info=info, **kw)
+
+magics.launch_spec = launch_spec
+"""
+
+
+@pytest.mark.notebook
+def test_a_rule_that_sends_the_cards_launches_to_the_stand_in_fails_the_seed_checks(tmp_path):
+    startup = tmp_path / "ipython" / "profile_default" / "startup"
+    startup.mkdir(parents=True)
+    (startup / "00-fault.py").write_text(FAULT)
+    statuses = {}
+    for fault, notebooks in (("all", ["01_training", "02_distributed_eval"]), ("bf16", ["01_training"])):
+        out = tmp_path / fault
+        subprocess.run([sys.executable, "-m", "nbtools", "run", "--simulate-npu", *(f"{NOTEBOOKS}/{n}.ipynb" for n in notebooks),
+                        "--output", str(out)], env={**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"), "FAULT": fault},
+                       capture_output=True, text=True, timeout=900)
+        report = json.loads((out / "report.json").read_text())
+        statuses[fault] = {c["id"]: (c["status"], c["reason"]) for c in report["checks"] if c["notebook"]}
+    failed = [statuses["all"]["acc-launch"], statuses["bf16"]["acc-launch-bf16"], statuses["all"]["acc-gather-multi"]]
+    for status, reason in failed:
+        assert status == "failed" and "这台机器看得见 2 张 NPU" in reason and "CPU 代跑" in reason, (status, reason)
+    assert statuses["bf16"]["acc-launch"][0] == "passed"  # the same check, its launch on the cards
