@@ -72,15 +72,16 @@ def _cmd_run(args) -> int:
         notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info
     )
     paths = report_mod.write_all(rep, out)
-    counts = report_mod.status_counts(rep)
-    for c in rep.checks:
-        if c.status != Status.PASSED:
-            print(f"  {c.status:>8}  {c.id}  ({c.notebook}) {c.reason}")
+    print(report_mod.verdict_table(rep, out))
     for n in rep.notebooks:
         if n.status == Status.FAILED and n.kernel_log:
-            print(f"  kernel log of {n.path}: {out / n.kernel_log}")
-    print(report_mod.summary_line(rep, counts))
+            print(f"kernel log of {n.path}: {out / n.kernel_log}")
+    if args.bundle:
+        from .bundle import write_bundle
+
+        paths.append(write_bundle(out))
     print("report: " + ", ".join(str(p) for p in paths))
+    print(report_mod.summary_line(rep))
     if rep.stopped_by:
         return 128 + int(getattr(signal, rep.stopped_by))
     return 0 if rep.ok else 1
@@ -199,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
     _notebook_run_options(r, "nbtools-output/<timestamp>")
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
     r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
+    r.add_argument("--bundle", action="store_true", help="also zip the report to send back (as `report --bundle`)")
     r.set_defaults(func=_cmd_run)
 
     la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")

@@ -55,6 +55,20 @@ def summary_line(report: RunReport, counts: dict | None = None) -> str:
     )
 
 
+def verdict_table(report: RunReport, output_dir: Path) -> str:
+    """The job log's verdict (Ascend's examples guard keeps only the log and the exit status): every check with its
+    status and reason, failed ones last, each notebook that did not pass, the device, the versions, report.json's path."""
+    rows = [(c.status, c.id, c.notebook, c.reason) for c in report.checks]
+    rows = sorted(rows, key=lambda r: not Status(r[0]).ok) + [
+        (n.status, "(notebook)", n.path, n.error) for n in report.notebooks if n.status != Status.PASSED]
+    width = max([5] + [len(r[1]) for r in rows])
+    lines = [f"{'status':<8}  {'check':<{width}}  notebook: reason"]
+    lines += [f"{s:<8}  {i:<{width}}  {nb or '-'}: {' / '.join(str(why).splitlines())}" for s, i, nb, why in rows]
+    versions = ", ".join(f"{k} {v}" for k, v in (report.device.get("versions") or {}).items() if v)
+    return "\n".join([*lines, f"device: {device_line(report.device)}", f"versions: {versions}",
+                      f"report.json: {(output_dir / 'report.json').resolve()} (Ascend's guard returns only this log)"])
+
+
 def to_dict(report: RunReport) -> dict:
     d = asdict(report)
     counts = status_counts(report)
@@ -156,7 +170,7 @@ def result_record(report: RunReport, environ=os.environ) -> dict:
             "target_ref": given("target_ref", "GITHUB_SHA"), "image": given("image"),
             "path": environ.get("RESULT_PATH") or " ".join(n.path for n in report.notebooks),
             "job_status": "cancelled" if report.stopped_by else "success" if report.ok else "failure",
-            "source": "upstream",
+            "source": environ.get("RESULT_SOURCE") or "upstream",
             "device": {k: dev.get(k) for k in ("kind", "count", "names", "simulated")},
             "versions": {**(dev.get("versions") or {}), "peft": installed("peft"), "deepspeed": installed("deepspeed")},
             "checks": counts["checks"], "notebooks": counts["notebooks"]}

@@ -28,7 +28,40 @@ GUARD = Path(ROOT) / "examples-guards" / "accelerate-ascend-notebooks"
 WORKFLOW = Path(ROOT) / ".github" / "workflows" / "notebooks-on-ascend.yml"
 REHEARSED = {"examples/00_ascend_jupyterlab.sh": 1, "examples/02_distributed_eval.sh": 2}  # entry: cards
 REHEARSAL_OUTPUT = Path(ROOT) / "nbtools-output" / "examples-guard"
-REQUIRED = ("path", "profile", "runner", "image", "timeout_minutes")  # the guard's manifest-check, as read 2026-12-04
+# Ascend's examples guard, the facts this project holds itself to (github.com/Ascend/docs, read 2026-12-05):
+# scripts/check_supported_entries.py @ cbed62872701a11843ec911756490029202a5853 (the manifest-check),
+# .github/workflows/examples-template.yml @ 30de239e0c181d7a6b543fe1c07b9be789e12717 (the run-example job; the same
+# steps @ 09da86da9f8d7b85df4b0c45e99f71683cd7554a), .github/workflows/schemas/result.schema.json @
+# 3abb7542e17b7064efa036857f1b3bc4067c5592, examples-guards/README.md @ 09da86da9f8d7b85df4b0c45e99f71683cd7554a.
+REQUIRED = ("path", "profile", "runner", "image", "timeout_minutes")  # REQUIRED_FIELDS: each non-empty
+SOURCES = ("upstream", "project")  # item.get('source', 'upstream'); project: the path is in the guard folder
+OPTIONAL_STRINGS = ("exec", "launcher")  # each a non-empty string when present
+OPTIONAL_LIST = "overlay_args"  # a list of non-empty strings (absent: [])
+MATRIX_ONLY = ("npu_devices",)  # the template's "Set declared NPU visibility": ASCEND_RT_VISIBLE_DEVICES=<it>
+ENTRY_FIELDS = {*REQUIRED, "source", *OPTIONAL_STRINGS, OPTIONAL_LIST, *MATRIX_ONLY}
+SETUP_ENV = {"PROFILE": "profile", "EXAMPLE_PATH": "path", "EXEC": "exec"}  # the setup step's env (matrix.example.X)
+RUN_ENV = {"EXAMPLE_PATH": "path", "EXAMPLE_SOURCE": "source || 'upstream'", "EXEC": "exec",
+           "LAUNCHER": "launcher || ''", "PROFILE": "profile", "OVERLAY_ARGS": "toJSON(overlay_args)"}  # the run step's
+RESULT = {"required": ["trigger", "target_repo", "target_ref", "path", "image", "job_status"],
+          "job_status": ["success", "failure", "cancelled"], "source": ["upstream", "project"],
+          "target_repo": "^[^/]+/[^/]+$", "min_length_1": ["target_ref", "path", "image"]}  # result.schema.json
+
+
+def guard_errors(entry: dict, target_root: Path, project_root: Path) -> list[str]:
+    """The guard's manifest-check (validate()) for one entry, written again from the facts above."""
+    path, source = entry.get("path"), entry.get("source", "upstream")
+    if not isinstance(path, str) or not path.strip() or Path(path).is_absolute() or ".." in Path(path).parts:
+        return [f"{path!r}: path must be a non-empty relative path within its checkout"]
+    if source not in SOURCES:
+        return [f"{path}: source must be upstream or project"]
+    if not ((project_root if source == "project" else target_root) / path).exists():
+        return [f"{path}: missing from its checkout"]
+    errors = [f"{path}: missing required field {f}" for f in REQUIRED if not entry.get(f)]
+    overlay = entry.get(OPTIONAL_LIST, [])
+    if overlay is not None and not (isinstance(overlay, list) and all(isinstance(a, str) and a.strip() for a in overlay)):
+        errors.append(f"{path}: overlay_args must be a list of non-empty strings")
+    return errors + [f"{path}: {f} must be a non-empty string" for f in OPTIONAL_STRINGS
+                     if f in entry and not (isinstance(entry[f], str) and entry[f].strip())]
 
 
 def manifest() -> dict:
@@ -65,15 +98,37 @@ def test_every_notebook_has_one_launchable_file_and_one_manifest_entry():
     assert sorted(e["path"] for e in data["supported"]) == [f"examples/{s}.sh" for s in stems]
 
 
+def test_the_guards_check_passes_every_entry_and_fails_broken_ones():
+    for entry in manifest()["supported"]:
+        assert set(entry) <= ENTRY_FIELDS and guard_errors(entry, Path(ROOT), GUARD) == [], entry
+    good = {"path": "examples/01_training.sh", "profile": "notebooks", "runner": "linux-aarch64-a2-2", "image": IMAGE,
+            "timeout_minutes": 25, "exec": "examples/01_training.sh", "launcher": "x", "npu_devices": "0,1",
+            "source": "upstream", "overlay_args": ["--timeout 600"]}
+    assert guard_errors(good, Path(ROOT), GUARD) == []
+    for broken in ({"exec": " "}, {"launcher": ""}, {"source": "elsewhere"}, {"overlay_args": "--timeout 600"},
+                   {"image": ""}, {"path": "../x.sh"}, {"source": "project"}):  # project: not in the guard folder
+        assert guard_errors({**good, **broken}, Path(ROOT), GUARD), broken
+
+
+def test_the_result_schema_here_is_the_guards():
+    assert RESULT_SCHEMA["required"] == RESULT["required"]
+    props = RESULT_SCHEMA["properties"]
+    assert props["job_status"]["enum"] == RESULT["job_status"] and props["source"]["enum"] == RESULT["source"]
+    assert props["target_repo"]["pattern"] == RESULT["target_repo"]
+    assert all(props[f]["minLength"] == 1 for f in RESULT["min_length_1"])
+
+
 def test_each_entry_has_the_runner_timeout_profile_and_image_its_notebook_needs():
     seconds = readme_machine_seconds()
     for entry in manifest()["supported"]:
         stem = Path(entry["path"]).stem
-        assert not [f for f in REQUIRED if not entry.get(f)] and (Path(ROOT) / entry["path"]).is_file(), entry
-        assert all(isinstance(a, str) and a.strip() for a in entry.get("overlay_args", [])), entry
+        assert (Path(ROOT) / entry.get("exec", entry["path"])).is_file(), entry
         code = notebook_code(stem)
         cards = 2 if "%launch" in code or "npu:1" in code else 1  # ranks on two cards, or a model split over two
         assert entry["runner"] == f"linux-aarch64-a2-{cards}", entry
+        if "npu_devices" in entry:  # ascending and one per card of the runner (an unsorted list hides the cards)
+            ids = [int(i) for i in str(entry["npu_devices"]).split(",")]
+            assert ids == sorted(set(ids)) and len(ids) == cards, entry
         assert entry["timeout_minutes"] == 20 + math.ceil(10 * seconds[stem] / 60), entry
         assert entry["profile"] == ("notebooks-deepspeed" if "deepspeed" in code.lower() else "notebooks"), entry
         assert entry["image"] == IMAGE, entry
@@ -114,7 +169,15 @@ def test_the_workflow_lints_and_uses_the_manifests_fields():
     flow = yaml.safe_load(WORKFLOW.read_text(encoding="utf-8"))
     job = flow["jobs"]["notebook"]
     used = set(re.findall(r"matrix\.entry\.(\w+)", WORKFLOW.read_text(encoding="utf-8")))
-    assert used >= set(REQUIRED) and used <= set(REQUIRED) | {"overlay_args"}, used
+    assert used >= set(REQUIRED) and used <= ENTRY_FIELDS, used
+    steps = {s.get("name", s.get("uses")): s for s in job["steps"]}
+    for name, env in (("Setup", SETUP_ENV), ("Run", RUN_ENV)):  # the guard's variables, as its steps set them
+        (step,) = [s for n, s in steps.items() if n.startswith(name)]
+        assert step["env"] == {k: "${{ " + re.sub(r"^(toJSON\()?", r"\1matrix.entry.", v) + " }}"
+                               for k, v in env.items()}, step["env"]
+    visibility = steps["Set declared NPU visibility"]
+    assert visibility["if"] == "matrix.entry.npu_devices" and visibility["env"]["NPU_DEVICES"] == "${{ matrix.entry.npu_devices }}"
+    assert 'ASCEND_RT_VISIBLE_DEVICES=$NPU_DEVICES' in visibility["run"] and "GITHUB_ENV" in visibility["run"]
     assert job["container"]["image"] == "${{ matrix.entry.image }}" and job["runs-on"] == "${{ matrix.entry.runner }}"
     assert "HF_ENDPOINT" in job["env"] and "vars.HF_ENDPOINT" in job["env"]["HF_ENDPOINT"]
     upload = [s for s in job["steps"] if "upload-artifact" in s.get("uses", "")]
@@ -138,27 +201,50 @@ def test_the_rehearsal_left_a_valid_result_for_each_entry(entry):
     assert result["checks"] == report["summary"]["checks"] and report["notebooks"][0]["status"] == "passed"
 
 
+def guard_run_env(entry: str, target_root: Path, out: Path, **given: str) -> dict[str, str]:
+    """What the guard's run step gives run_example.sh (RUN_ENV, no RESULT_*), on the simulated NPU's set_env.sh."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RESULT_", "GITHUB_"))}
+    return {**env, "EXAMPLE_PATH": entry, "EXAMPLE_SOURCE": "upstream", "EXEC": "", "LAUNCHER": "", "PROFILE": "notebooks",
+            "OVERLAY_ARGS": "[]", "TARGET_ROOT": str(target_root), "CI_OUTPUT_DIR": str(out),
+            "ASCEND_SET_ENV": str(Path(ROOT) / "simnpu" / "cann" / "set_env.sh"), **given}
+
+
+def test_run_example_refuses_a_launcher_and_an_unknown_source(tmp_path):
+    run = ["bash", str(GUARD / "scripts" / "run_example.sh"), "examples/02_distributed_eval.sh"]
+    for given, said in (({"LAUNCHER": "accelerate-deepspeed"}, "launcher 'accelerate-deepspeed' is not one this project runs"),
+                        ({"EXAMPLE_SOURCE": "elsewhere"}, "EXAMPLE_SOURCE must be upstream or project")):
+        env = guard_run_env("examples/02_distributed_eval.sh", Path(ROOT), tmp_path / "out", **given)
+        proc = subprocess.run(run, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == 2 and said in proc.stderr, proc.stderr
+
+
 def test_a_failing_notebook_gives_failure_and_the_scripts_exit_status(tmp_path):
-    """A target checkout with one notebook whose check fails: run_example.sh exits non-zero and leaves
-    result.json with job_status failure, its path the entry's."""
+    """A target checkout with one notebook whose check fails, run on the simulated NPU with only what the guard's run
+    step exports: run_example.sh exits non-zero, the log names the failing check and its reason, and result.json
+    says failure, the entry's path and the manifest's image."""
     (tmp_path / "notebooks").mkdir()
     (tmp_path / "examples").mkdir()
     stem = "02_distributed_eval"
     shutil.copy(Path(ROOT) / "examples" / f"{stem}.sh", tmp_path / "examples")
-    nb = new_notebook(cells=[new_code_cell("import nbtools\nnbtools.passed('guard-fine', 'ok')"),
-                             new_code_cell("assert 1 + 1 == 3, 'broken on purpose'")])
+    broken = new_code_cell("assert 1 + 1 == 3, 'broken on purpose: 1 + 1 is 2'")
+    broken.metadata["tags"] = ["check:guard-broken"]
+    fine = new_code_cell("import nbtools\nnbtools.passed('guard-fine', 'ok')", metadata={"tags": ["check:guard-fine"]})
+    nb = new_notebook(cells=[fine, broken])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nbformat.write(nb, tmp_path / "notebooks" / f"{stem}.ipynb")
     out = tmp_path / "out"
-    env = {**os.environ, "TARGET_ROOT": str(tmp_path), "CI_OUTPUT_DIR": str(out), "OVERLAY_ARGS": '["--timeout 120"]',
-           "ASCEND_SET_ENV": str(Path(ROOT) / "simnpu" / "cann" / "set_env.sh"), "RESULT_IMAGE": IMAGE}
+    env = guard_run_env(f"examples/{stem}.sh", tmp_path, out, OVERLAY_ARGS='["--simulate-npu", "--timeout 120"]')
     proc = subprocess.run(["bash", str(GUARD / "scripts" / "run_example.sh"), f"examples/{stem}.sh"],
                           capture_output=True, text=True, env=env, timeout=300)
     assert proc.returncode != 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    table = proc.stdout[proc.stdout.index("status    check"):]  # the verdict table, as the job log keeps it
+    assert re.search(r"^failed +guard-broken +02_distributed_eval.ipynb: .*broken on purpose: 1 \+ 1 is 2", table, re.M), table
+    assert re.search(r"^passed +guard-fine ", table, re.M) and "device: NPU (simulated on CPU)" in table, table
+    assert f"report.json: {out / 'report' / 'report.json'}" in table and "versions: python " in table, table
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))
     jsonschema.validate(result, RESULT_SCHEMA)
     assert (result["job_status"], result["path"], result["image"]) == ("failure", f"examples/{stem}.sh", IMAGE)
-    assert "(2 overlay args)" in proc.stdout and (out / "report" / "report.json").is_file()
+    assert result["source"] == "upstream" and "(3 overlay args)" in proc.stdout and (out / "report" / "report.json").is_file()
 
 
 def test_the_bundle_holds_the_run_and_no_path_host_or_token_of_the_machine(tmp_path):

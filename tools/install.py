@@ -4,6 +4,7 @@
     python tools/install.py                                  # requirements-learner.txt, then the series (-e .)
     python tools/install.py -r requirements-deepspeed.txt    # any further pip arguments follow as written
     python tools/install.py --dry-run                        # what pip would install; nothing is installed
+    python tools/install.py --npu                            # on an Ascend image: torch_npu too (see below)
 
 Run it with the Python that runs your kernel (README.zh-CN.md, section 2; a notebook prints it as
 `sys.executable`). It
@@ -15,6 +16,9 @@ Run it with the Python that runs your kernel (README.zh-CN.md, section 2; a note
 3. runs `python -m pip install -c <constraints> -r requirements-learner.txt -e <this repository> [arguments]`;
 4. checks that the held packages are the same versions afterwards.
 Where no torch is installed (a laptop), pip installs the newest one the libraries accept, at least the floor.
+With --npu (examples-guards' setup_example.sh, on a CANN image): an image with neither torch nor torch_npu gets the
+quick-start's pair (requirements-npu.txt); one with torch and no torch_npu gets the torch_npu of that torch release
+(the quick-start's for its torch), or, where pip finds none, the one sentence below and nothing held changed.
 Standard library only, and Python 3.6 syntax: it runs on any image, even one too old for the series.
 """
 
@@ -26,6 +30,7 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEARNER = os.path.join(ROOT, "requirements-learner.txt")
+NPU = os.path.join(ROOT, "requirements-npu.txt")  # the quick-start's torch and torch_npu
 
 
 def _floors():
@@ -40,11 +45,28 @@ def pip_command(constraints_file, args):
     return [sys.executable, "-m", "pip", "install", "-c", constraints_file, "-r", LEARNER, "-e", ROOT] + list(args)
 
 
+def npu_args(held, floors, npu_requirements=NPU):
+    """--npu: the pip arguments that bring torch_npu where the held versions lack it (none where it is there)."""
+    pins = {}
+    with open(npu_requirements) as f:
+        for line in f:
+            name, _, version = line.strip().partition("==")
+            pins[name] = version
+    if held.get("torch-npu"):
+        return []
+    if not held.get("torch"):
+        return ["-r", npu_requirements]
+    base = ".".join(str(n) for n in floors.release(held["torch"])[:3])  # torch_npu X.Y.Z[.postN] is for torch X.Y.Z
+    return ["torch_npu==" + (pins["torch_npu"] if base == pins["torch"] else base + ".*")]
+
+
 def main(argv=None):
     args = sys.argv[1:] if argv is None else argv
     if args[:1] in (["-h"], ["--help"]):
         print(__doc__)
         return 0
+    npu = "--npu" in args
+    args = [a for a in args if a != "--npu"]
     floors = _floors()
     python = ".".join(map(str, sys.version_info[:3]))
     too_old = floors.refusal({"python": python})  # before importlib.metadata, which Python 3.7 and older lack
@@ -53,7 +75,10 @@ def main(argv=None):
     if too_old:
         print("tools/install.py: nothing installed: " + too_old, file=sys.stderr)
         return 1
-    print(f"installing into {sys.executable} (Python {python})")
+    extra = npu_args(held, floors) if npu else []
+    args = extra + args
+    print(f"installing into {sys.executable} (Python {python})" + (
+        f"; torch_npu missing, so also: {' '.join(extra)}" if extra else ""))
     print("held at their installed versions: " + (", ".join("{} {}".format(*kv) for kv in sorted(held.items()))
                                                   or f"nothing (no torch here: pip installs torch >= {floors.TORCH})"))
     fd, path = tempfile.mkstemp(prefix="held-", suffix=".txt")
@@ -72,9 +97,10 @@ def main(argv=None):
             f"{n} {held[n]} -> {after.get(n)}" for n in changed), file=sys.stderr)
         return 1
     if rc:
-        print("tools/install.py: pip found no releases of the lessons' libraries that accept the held versions "
-              "above, or could not reach its index (its own message is above); nothing held was changed. "
-              "Where the image is the problem: " + floors.USE_INSTEAD, file=sys.stderr)
+        print("tools/install.py: pip found no releases of the lessons' libraries" + (
+              f" and of {extra[-1]} (the torch_npu built for the torch held here)" if extra and extra[0] != "-r" else "") + " that accept "
+              "the held versions above, or could not reach its index (its own message is above); nothing held was "
+              "changed. Where the image is the problem: " + floors.USE_INSTEAD, file=sys.stderr)
     return rc
 
 

@@ -3,7 +3,9 @@
 #   TARGET_ROOT=<checkout of this repository> bash scripts/setup_example.sh notebooks|notebooks-deepspeed
 # It installs as a learner on that image does (README.zh-CN.md): tools/install.py holds the image's torch and
 # torch_npu at their versions, installs the series' requirements and nbtools around them, and checks afterwards
-# that they did not change. Then `python -m nbtools doctor` says what the image is.
+# that they did not change. With --npu, an image with neither torch nor torch_npu gets the quick-start's pair
+# (requirements-npu.txt: torch 2.9.0, torch_npu 2.9.0.post2), one with torch alone the torch_npu of that torch (or,
+# where pip finds none, one sentence and a failed step). Then `python -m nbtools doctor` says what the image is.
 set -euo pipefail
 
 if [[ $# -ne 1 ]]; then
@@ -22,6 +24,6 @@ esac
 
 source "$HERE/cann_env.sh"
 PYTHON="$(command -v python3 || command -v python)"
-"$PYTHON" "$TARGET_ROOT/tools/install.py" -c "$HERE/../constraints-npu.txt" -r "$TARGET_ROOT/requirements.txt" "${extra[@]}"
+"$PYTHON" "$TARGET_ROOT/tools/install.py" --npu -c "$HERE/../constraints-npu.txt" -r "$TARGET_ROOT/requirements.txt" "${extra[@]}"
 # doctor's answer is part of the log; a problem it reports fails the notebook's setup cell, not this step
 "$PYTHON" -m nbtools doctor || echo "nbtools doctor reported a problem (above); the notebooks' setup cells say it too"
