@@ -21,6 +21,9 @@ under ``nbtools.answers`` (a list: one exercise may have several)::
                 "code": 0}],                           # ... code block 0 of the answer, as the learner reads it
      "expect": {"bigmodel-exact": "failed: Tensor-likes are not close"}}
 
+An answer that edits a ``%%writefile`` cell runs as the lesson tells a learner to (``same_kernel``): the whole
+lesson, then the edited cell and every cell below it in the same kernel (``"fresh_kernel": true`` opts out).
+
 Edits: ``{"cell", "after", "code"}`` inserts lines after a line; ``{"cell", "replace", "code"}``
 replaces text; ``{"new_cell_before", "code"}`` inserts a code cell before the one cell (of any
 kind) containing that text. ``code`` is the index of a fenced block in that exercise's answer
@@ -318,6 +321,22 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
         cell.source += "\n" + "\n".join(f"{k} = {v!r}  # set by this answer" for k, v in params.items())
 
 
+def same_kernel(lesson, variant, spec: dict) -> None:
+    """An answer that edits a ``%%writefile`` cell, run as the lesson tells a learner: the whole lesson first (its
+    checks not judged), then, in the same kernel, the edited ``%%writefile`` cell and every cell below it. A module
+    the kernel imported from the old script stays imported unless the lesson reloads it: that error shows here."""
+    edited = [e["cell"] for e in spec.get("edits", []) if e.get("cell", "").startswith("%%writefile")]
+    if not edited or spec.get("fresh_kernel"):
+        return
+    start = min(variant.cells.index(_one(variant.cells, text)) for text in edited)
+    end = max(i for i, c in enumerate(lesson.cells) if c.cell_type == "code" and "S.close()" in c.source)
+    first = lesson.cells[:end]
+    for i, c in enumerate(first):
+        c.metadata["tags"] = [t for t in c.metadata.get("tags", []) if t == "parameters" or ":" not in t]
+        c.id = f"first-{i}"
+    variant.cells = first + variant.cells[start:]
+
+
 def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
     """Every answer of ``notebooks``, each written as a variant notebook into ``folder``."""
     answers = []
@@ -330,6 +349,9 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
                 variant = nbformat.read(path, as_version=4)
                 try:
                     apply(variant, spec, answer_blocks(cell.source))
+                    lesson = nbformat.read(path, as_version=4)
+                    apply(lesson, {"params": spec.get("params")}, [])  # the learner's parameters hold for the first run too
+                    same_kernel(lesson, variant, spec)
                 except ParameterError as exc:
                     answer.problems.append(str(exc))
                 else:
