@@ -69,10 +69,14 @@ LLAMA_DEFAULTS = {"vocab_size": 32000, "hidden_size": 4096, "intermediate_size":
 
 
 def llama_param_count(config: Mapping[str, object]) -> int:
-    """Parameters of ``LlamaForCausalLM`` for a ``LlamaConfig(**config)`` (a missing field: LLAMA_DEFAULTS).
+    """Parameters of ``LlamaForCausalLM`` for a ``LlamaConfig(**config)`` (a missing field: LLAMA_DEFAULTS)."""
+    return sum(llama_module_params(config).values())
 
-    embeddings V*H + layers * (q,k,v,o projections + gate,up,down + two RMSNorms) + final norm H
-    + lm_head V*H (unless tied to the embeddings).
+
+def llama_module_params(config: Mapping[str, object]) -> dict[str, int]:
+    """Parameters of each module a device_map names (``model.embed_tokens``, ``model.layers.N``, ``model.norm``,
+    ``lm_head``), from the config alone: embeddings V*H; each layer q,k,v,o projections + gate,up,down + two
+    RMSNorms; the final norm H; lm_head V*H (0 of its own when tied to the embeddings).
     """
     c = {**LLAMA_DEFAULTS, **config}
     V, H, F, L = c["vocab_size"], c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
@@ -81,7 +85,8 @@ def llama_param_count(config: Mapping[str, object]) -> int:
     kv = (c["num_key_value_heads"] or c["num_attention_heads"]) * head_dim
     attention = H * q + 2 * H * kv + q * H + (q + 2 * kv + H if c["attention_bias"] else 0)
     mlp = 3 * H * F + (2 * F + H if c["mlp_bias"] else 0)
-    return V * H + L * (attention + mlp + 2 * H) + H + (0 if c["tie_word_embeddings"] else V * H)
+    layers = {f"model.layers.{i}": attention + mlp + 2 * H for i in range(L)}
+    return {"model.embed_tokens": V * H, **layers, "model.norm": H, "lm_head": 0 if c["tie_word_embeddings"] else V * H}
 
 
 def quickstart_device_map(first: str, second: str, num_layers: int = 20) -> dict[str, str]:

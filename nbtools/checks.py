@@ -6,11 +6,16 @@ ends with ``passed("<id>")``; a check that cannot run here calls
 ``skipped("<id>", "<reason>")`` instead. The runner reads the executed notebook:
 an error in the cell -> failed; a verdict line -> passed / skipped; no verdict, or the
 cell never ran -> failed. The exceptions are in errors.py, the expected-block rules in expected.py.
+
+Each check cell also carries one ``needs:<need>`` tag per condition under which it can run (none: it passes
+everywhere). ``Here`` weighs them against the run's probe and parameters; the runner expects ``passed`` where
+every need is met, else ``skipped``, and fails a check whose verdict differs (``pinned``).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from enum import Enum
 
 from .errors import ParameterError
@@ -72,3 +77,55 @@ def skipped(check_id: str, reason: str) -> None:
     if not reason or not reason.strip():
         raise ParameterError(f"skipped({check_id!r}, ...): a skip needs its reason, recorded in the report")
     print(f"[check] SKIPPED {check_id} -- {reason}")
+
+
+NEEDS_PREFIX = "needs:"
+NEEDS = ("npu", "real-npu", "accelerator", "cards=N", "network", "deepspeed", "bf16", "param=NAME")
+
+
+def needs_of(tags) -> list[str]:
+    """The needs named by a cell's tags (``needs:cards=2`` -> ``cards=2``)."""
+    return [t[len(NEEDS_PREFIX):] for t in tags or () if isinstance(t, str) and t.startswith(NEEDS_PREFIX)]
+
+
+@dataclass(frozen=True)
+class Here:
+    """What a check's needs are weighed against: the probe of the run's environment and the notebook's parameters."""
+
+    kind: str  # npu / cuda / cpu: the probe's kind, or cpu where the notebook's device parameter asks for it
+    count: int = 0  # visible cards of that kind
+    simulated: bool = False
+    bf16: bool = True
+    deepspeed: bool = False  # the kernel's interpreter finds deepspeed
+    network: bool = False  # beyond the package registries (GitHub, the Hub): `nbtools run --network`
+    params_set: frozenset = frozenset()  # parameters given a value other than the notebook's default
+
+    def meets(self, need: str) -> bool:
+        name, _, arg = need.partition("=")
+        if name == "cards" and arg.isdigit():
+            return self.kind == "cpu" or self.count >= int(arg)  # a plain CPU host: the CPU route is the honest one
+        if name == "param" and arg:
+            return arg in self.params_set
+        rules = {"npu": self.kind == "npu", "real-npu": self.kind == "npu" and not self.simulated,
+                 "accelerator": self.kind != "cpu", "network": self.network, "deepspeed": self.deepspeed,
+                 "bf16": self.kind == "cpu" or self.bf16}
+        if need not in rules:
+            raise ParameterError(f"unknown tag needs:{need}; known: {', '.join(NEEDS)}")
+        return rules[need]
+
+    def pinned(self, tags, status: Status, reason: str) -> tuple[Status, str]:
+        """(status, reason) of a verdict held to what the cell's needs expect here: a pass or a skip that
+        differs from it fails, saying why."""
+        if status not in (Status.PASSED, Status.SKIPPED):
+            return status, reason
+        needs = needs_of(tags)
+        try:
+            unmet = [n for n in needs if not self.meets(n)]
+        except ParameterError as exc:
+            return Status.FAILED, f"needs 标签写错了：{exc}"
+        if status is Status.SKIPPED and not unmet:
+            met = "、".join(needs) or "它没有 needs 标签，应当处处通过"
+            return Status.FAILED, f"跳过了，但这台机器满足它的条件：{met}（跳过的理由：{reason}）"
+        if status is Status.PASSED and unmet:
+            return Status.FAILED, f"通过了，但它需要 {'、'.join(unmet)}，这里没有：needs 标签与检查不一致"
+        return status, reason

@@ -161,6 +161,37 @@ def _package_rows() -> list[Row]:
     return rows
 
 
+# What a terminal's `python` is and which torch / Accelerate it imports (each import may fail: that is the finding).
+TERMINAL_PROBE = """import sys
+print('python=', sys.version.split()[0]); print('executable=', sys.executable); print('prefix=', sys.prefix)
+for name in ('torch', 'accelerate'):
+    try:
+        print(name + '=', __import__(name).__version__)
+    except Exception as exc:
+        print(name + '=', 'not importable:', type(exc).__name__)
+"""
+
+
+def terminal_python(path: str | None = None) -> tuple[dict, str]:
+    """The first ``python`` on PATH (``path``: another PATH), what a terminal here runs, asked in its own process:
+    ({python, executable, torch, accelerate}, problem). The problem, in the learner's language, is '' when it meets
+    the series' Python floor and imports the torch and Accelerate this kernel has, whichever interpreter it is."""
+    from .expected import parse_kv
+
+    exe, fix = shutil.which("python", path=path), f"在终端里运行 `export PATH={Path(sys.executable).parent}:$PATH`（或激活内核的环境）"
+    if exe is None:
+        return {}, f"终端里没有 `python`（PATH 上找不到）：{fix}，让终端的 python 就是内核的解释器"
+    proc = subprocess.run([exe, "-c", TERMINAL_PROBE], capture_output=True, text=True, timeout=300)
+    kv = parse_kv(proc.stdout)
+    if floors.below(kv.get("python") or "0", floors.PYTHON):
+        return kv, f"终端里的 `python`（{exe}）是 Python {kv.get('python', '?')}，低于本系列的最低版本 {floors.PYTHON}：{fix}"
+    want = {name: installed(name) for name in ("torch", "accelerate")}
+    if wrong := [n for n, v in want.items() if not same_version(kv.get(n), v)]:
+        return kv, (f"终端里的 `python`（{exe}）导入不了内核的 " + "、".join(f"{n} {want[n]}" for n in wrong) + "（它那里："
+                    + "；".join(f"{n} {kv.get(n, '?')}" for n in wrong) + f"）：{fix}，在终端里用的就是内核的 torch 和 Accelerate")
+    return kv, ""
+
+
 def render(rows: list[Row]) -> str:
     w = max(len(r.what) for r in rows)
     out = []

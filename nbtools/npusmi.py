@@ -9,13 +9,19 @@
 - ``processes``: ``{"npu", "chip", "pid", "name", "memory_mb"}`` per process row; the
   ``No running processes found in NPU N`` rows give none.
 
+``cards_seen(kind)``: how many cards a process here is given, told without torch (check-torch's expectation).
+
 The parser reads the column names from the table's own header rows and splits cells on ``|``, so the
 amount of spacing inside a row does not matter (``0    / 0`` and ``0 / 0`` read the same).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
@@ -157,3 +163,20 @@ def summary(table: dict) -> str:
     lines += [f"  进程 {p.get('pid')}（{p.get('name')}）在 NPU {p.get('npu')} 上：{p.get('memory_mb')} MB"
               for p in table["processes"]] or ["  没有运行中的进程"]
     return "\n".join(lines)
+
+
+def cards_seen(kind: str, environ=None, dev: str = "/dev") -> int:
+    """How many ``kind`` cards (npu / cuda) a process here is given, told without torch: the visibility variable
+    where it is set, else the driver's device files (``/dev/davinciN``, ``/dev/nvidiaN``), else the vendor's table
+    (``npu-smi info``, ``nvidia-smi -L``); 0 where there is none of them."""
+    environ = os.environ if environ is None else environ
+    var, stem, tool = {"npu": ("ASCEND_RT_VISIBLE_DEVICES", "davinci", ["npu-smi", "info"]),
+                       "cuda": ("CUDA_VISIBLE_DEVICES", "nvidia", ["nvidia-smi", "-L"])}[kind]
+    if environ.get(var) is not None:
+        return len([x for x in environ[var].split(",") if x.strip()])
+    if files := [p for p in Path(dev).glob(stem + "*") if p.name[len(stem):].isdigit()]:
+        return len(files)
+    if (exe := shutil.which(tool[0], path=environ.get("PATH"))) is None:
+        return 0
+    text = subprocess.run([exe, tool[1]], capture_output=True, text=True, timeout=60, env=dict(environ)).stdout
+    return len(parse_npu_smi(text)["npus"]) if kind == "npu" else sum(ln.startswith("GPU ") for ln in text.splitlines())

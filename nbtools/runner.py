@@ -9,6 +9,9 @@
 - ``-p NAME=VALUE`` is converted by the type of each notebook's own default, before any
   kernel starts;
 - the device is probed with the kernel's own interpreter (``--kernel``);
+- each check's verdict is held to its ``needs:`` tags weighed against that probe, the parameters given, whether the
+  kernel finds deepspeed and whether the run may use the network (``network=``, else NBTOOLS_NETWORK=1): a pass or a
+  skip other than expected fails (checks.Here.pinned);
 - kernels run unattended (NBTOOLS_UNATTENDED=1), write UTF-8 whatever the locale, talk over
   IPC sockets, and log into ``<notebook>.kernel.log`` in the output dir, not the terminal; each
   notebook's kernel starts while the notebook before it runs (kernels.py);
@@ -23,6 +26,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +38,7 @@ from string import Template
 
 import nbformat
 
-from .checks import SEED_CHECKS, VERDICT, Status, check_ids
+from .checks import SEED_CHECKS, VERDICT, Here, Status, check_ids, needs_of
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
@@ -91,14 +95,30 @@ def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]
     return Status.FAILED, "检查单元格没有打印判定行"
 
 
-def judge_checks(nb, notebook_name: str, full: bool = False) -> list[CheckResult]:
-    """Every check cell's verdict (``full``: a failure's whole error, not only its first line)."""
+def judge_checks(nb, notebook_name: str, full: bool = False, here: Here | None = None) -> list[CheckResult]:
+    """Every check cell's verdict (``full``: a failure's whole error, not only its first line), held to what its
+    ``needs:`` tags expect ``here`` when given."""
     out = []
     for cell in nb.cells:
-        for cid in check_ids(cell.get("metadata", {}).get("tags")):
+        tags = cell.get("metadata", {}).get("tags")
+        for cid in check_ids(tags):
             status, reason = _cell_verdict(cell, cid, full)
+            status, reason = here.pinned(tags, status, reason) if here else (status, reason)
             out.append(CheckResult(cid, status, notebook_name, reason, cid in SEED_CHECKS))
     return out
+
+
+def here_for(info: DeviceInfo, params: dict, defaults: dict, *, deepspeed: bool, network: bool) -> Here:
+    """What a notebook run with ``params`` (its ``defaults`` otherwise) may do on ``info``'s machine."""
+    kind = "cpu" if params.get("device", defaults.get("device")) == "cpu" else info.kind
+    given = frozenset(k for k, v in params.items() if k in defaults and v != defaults[k])
+    return Here(kind, info.count, info.simulated, info.bf16, deepspeed, network, given)
+
+
+def finds(python: str, module: str, env: dict | None = None) -> bool:
+    """Does interpreter ``python`` find ``module`` (importlib's find_spec, nothing imported)?"""
+    code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+    return subprocess.run([python, "-c", code], env=env, capture_output=True, timeout=120).returncode == 0
 
 
 def unexecuted_cells(nb) -> list[int]:
@@ -324,6 +344,7 @@ class _Run:
     kernels: KernelsAhead
     stopper: _Stopper
     timeout: float | None
+    needs: dict  # deepspeed / network: what here_for takes besides the probe
     stop_reason: str = ""
 
     def notebook(self, i: int, path: Path) -> None:
@@ -352,7 +373,11 @@ class _Run:
             NotebookResult(path.name, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
                            self.kernels.log_for(path).name, nb_params, failure)
         )
-        self.report.checks.extend(judge_checks(executed, path.name))
+        source = self.selected.sources[path]
+        here = here_for(self.info, self.selected.converted[path], self.selected.declared[path], **self.needs)
+        # a notebook none of whose cells has a needs: tag yet is judged unpinned (while the series is being tagged)
+        pinned = any(needs_of(c.get("metadata", {}).get("tags")) for c in source.cells)
+        self.report.checks.extend(judge_checks(executed, path.name, here=here if pinned else None))
         print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
         if error and not self.stopper.signum and not self.info.healthy:
             problem = next(p for p in self.info.problems if p.blocking)
@@ -413,19 +438,25 @@ def run_notebooks(
     timeout: float | None = 1800,
     keep_work: bool = False,
     info: DeviceInfo | None = None,
+    network: bool | None = None,
 ) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
     of that notebook's default. Every conversion is checked before the first kernel starts.
-    Progress goes to stdout (redirect it to silence the run).
+    Progress goes to stdout (redirect it to silence the run). ``network``: the run may reach beyond the
+    package registries (default: NBTOOLS_NETWORK=1 says so); checks tagged ``needs:network`` are expected to skip
+    without it.
     """
     selected = _Notebooks.read(notebooks, dict(parameters or {}))
     info = info or detect_for_kernel(kernel)
+    exe, env = kernel_python(kernel)
+    needs = {"deepspeed": finds(exe, "deepspeed", {**os.environ, **env}),
+             "network": os.environ.get("NBTOOLS_NETWORK") == "1" if network is None else network}
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
-        device=info.to_dict(), parameters=selected.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        device={**info.to_dict(), **needs}, parameters=selected.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         kernel=kernel,
     )
     t0 = time.monotonic()
@@ -437,7 +468,7 @@ def run_notebooks(
         kernels = stack.enter_context(
             KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root), kernel_env)
         )
-        run = _Run(selected, report, info, output_dir, run_root, kernels, stopper, timeout)
+        run = _Run(selected, report, info, output_dir, run_root, kernels, stopper, timeout, needs)
         for i, path in enumerate(notebooks, 1):
             run.notebook(i, path)
     report.stopped_by = stopper.name

@@ -13,8 +13,9 @@ import pytest
 from conftest import NOTEBOOKS, ROOT, isolated_prefix, on_its_own, skip_outside_ci, without_offline_env
 
 from nbtools import detect
-from nbtools.checks import SEED_CHECKS, check_ids
-from nbtools.runner import judge_checks
+from nbtools.checks import SEED_CHECKS, Here, Status, check_ids, needs_of
+from nbtools.params import parameter_defaults
+from nbtools.runner import finds, here_for, judge_checks
 
 pytestmark = pytest.mark.notebook
 
@@ -95,6 +96,30 @@ def test_series_passes_with_only_the_source_install_skipped(series_report):
     assert (report["device"]["kind"], report["device"]["count"]) == (info.kind, info.count)
 
 
+def expected_verdicts(nb, here: Here) -> dict[str, Status]:
+    """Each check id of a notebook -> the verdict its needs: tags expect ``here``: passed where every need is met,
+    else skipped (computed from the tags and the probe, never copied from a run)."""
+    out = {}
+    for cell in nb.cells:
+        tags = cell.get("metadata", {}).get("tags")
+        for cid in check_ids(tags):
+            out[cid] = Status.SKIPPED if [n for n in needs_of(tags) if not here.meets(n)] else Status.PASSED
+    return out
+
+
+def test_every_check_of_the_series_ends_as_its_needs_expect(series_report):
+    """Recomputed here from the notebooks' tags and the run's recorded probe (the runner pins the same way): a check
+    that starts skipping, or passes where it cannot have run, fails the suite."""
+    report, _ = series_report
+    dev = report["device"]
+    here = Here(dev["kind"], dev["count"], dev["simulated"], dev["bf16"], dev["deepspeed"], dev["network"])
+    got = {(c["notebook"], c["id"]): c for c in report["checks"] if c["notebook"]}
+    for path in sorted(Path(NOTEBOOKS).glob("*.ipynb")):
+        for cid, want in expected_verdicts(nbformat.read(path, as_version=4), here).items():
+            c = got[(path.name, cid)]
+            assert c["status"] == want, (path.name, cid, c["status"], c["reason"])
+
+
 def test_offline_notebooks_pass_and_leave_the_work_tree_unchanged(offline_run):
     proc, out, before, _ = offline_run
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -125,28 +150,18 @@ def test_offline_notebooks_need_no_network(offline_run):
 # The series run executes every notebook alone in a fresh kernel (cwd = its folder);
 # these add papermill's own CLI started elsewhere (cwd = the caller's), for a notebook without a
 # launch, one with a launch, and one with two concurrent launches.
-def expected_verdicts(nb) -> dict[str, tuple[str, ...]]:
-    """Each check id of a notebook -> the verdicts it may end with here: a seed check passes (the
-    source install skips: it needs the network), an extra check passes or skips with its reason."""
-    out = {}
-    for cell in nb.cells:
-        for cid in check_ids(cell.get("metadata", {}).get("tags")):
-            if cid == "acc-install-source":
-                out[cid] = ("skipped",)
-            else:
-                out[cid] = ("passed",) if cid in SEED_CHECKS else ("passed", "skipped")
-    return out
-
-
 @pytest.mark.parametrize("name", ["00_environment.ipynb", "02_distributed_eval.ipynb", "06_multi_node.ipynb"])
 def test_notebook_passes_alone_under_plain_papermill_from_another_dir(name, tmp_path):
     """papermill's own CLI, started elsewhere, without --cwd, without nbtools run's environment
     (no NBTOOLS_UNATTENDED, no offline switches): every check of the notebook gives its verdict."""
     source = Path(NOTEBOOKS) / name
-    expected = expected_verdicts(nbformat.read(source, as_version=4))
+    here = here_for(detect(), {}, parameter_defaults(source), deepspeed=finds(sys.executable, "deepspeed"), network=False)
+    expected = expected_verdicts(nbformat.read(source, as_version=4), here)
     assert expected, f"{name} has no check cells"
     out = tmp_path / name
     env = {k: v for k, v in without_offline_env().items() if not k.startswith("NBTOOLS_")}
+    # a learner's terminal with the kernel's environment first on PATH, as the README's commands leave it (check-py)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     proc = subprocess.run(
         [sys.executable, "-m", "papermill", str(source), str(out), "-k", "python3", "--no-progress-bar"],
         capture_output=True,
@@ -158,8 +173,8 @@ def test_notebook_passes_alone_under_plain_papermill_from_another_dir(name, tmp_
     assert proc.returncode == 0, proc.stderr[-4000:]
     got = {c.id: c for c in judge_checks(nbformat.read(out, as_version=4), name)}
     assert set(got) == set(expected)
-    for cid, allowed in expected.items():
-        assert got[cid].status in allowed, (cid, got[cid])
+    for cid, want in expected.items():
+        assert got[cid].status == want, (cid, got[cid])
         assert got[cid].status != "skipped" or got[cid].reason, (cid, "a skip needs its reason")
 
 

@@ -75,7 +75,11 @@ def series(tmp_path_factory):
              "print('env=' + repr({k: os.environ.get(k) for k in ('NBTOOLS_UNATTENDED', 'PYTHONIOENCODING', 'PYTHONUTF8')}))\n"
              f"print('run-env=' + repr((os.environ.get('TMPDIR'), {CACHE_ENV!r} in os.environ)))", []),
             ("assert num_processes == 3\nnbtools.passed('check-py', 'ok')", ["check:check-py"]),
-            ("nbtools.skipped('acc-install-source', 'needs the network')", ["check:acc-install-source"]),
+            ("nbtools.skipped('acc-install-source', 'needs the network')",
+             ["check:acc-install-source", "needs:network", "needs:param=accelerate_ref"]),
+            # statuses pinned by the needs: tags: a skip where nothing is needed, a pass where an NPU is needed
+            ("nbtools.skipped('extra-skips-wrongly', '只在 NPU 上检查：演示')", ["check:extra-skips-wrongly"]),
+            ("nbtools.passed('extra-passes-wrongly')", ["check:extra-passes-wrongly", "needs:npu"]),
             ("print('no verdict here')", ["check:extra-silent"]),
             # tqdm-like progress on stderr, no newline, then the verdict on stdout
             ("import sys, time\nsys.stderr.write(' 50%|#####     | 5/10\\r')\nsys.stderr.flush()\ntime.sleep(0.3)\n"
@@ -151,6 +155,11 @@ def test_check_statuses(series):
     assert by["acc-launch"]["status"] == "failed" and "AssertionError" in by["acc-launch"]["reason"]
     assert by["acc-prepare"]["status"] == "failed" and "没有运行" in by["acc-prepare"]["reason"]
     assert by["acc-env"]["status"] == "failed"
+    if detect().kind == "cpu":  # the pin: expected from the tags and this machine's probe
+        assert by["extra-skips-wrongly"]["status"] == "failed" and by["extra-skips-wrongly"]["reason"] == (
+            "跳过了，但这台机器满足它的条件：它没有 needs 标签，应当处处通过（跳过的理由：只在 NPU 上检查：演示）")
+        assert by["extra-passes-wrongly"] == {"id": "extra-passes-wrongly", "status": "failed", "notebook": "00_good.ipynb",
+                                              "reason": "通过了，但它需要 npu，这里没有：needs 标签与检查不一致", "seed": False}
     # every seed id has an entry; those no cell claims are 'missing'
     assert set(SEED_CHECKS) <= set(by)
     assert by["acc-dispatch"]["status"] == "missing"
@@ -209,6 +218,7 @@ def test_report_files(series):
         p.name for p in out.iterdir()
     }
     assert report["device"]["kind"] == detect().kind
+    assert report["device"]["network"] is False and isinstance(report["device"]["deepspeed"], bool)  # what was weighed
     md = (out / "report.md").read_text(encoding="utf-8")
     assert "| acc-install-source | skipped | 00_good.ipynb | needs the network |" in md
     assert "[00_good.kernel.log](00_good.kernel.log)" in md

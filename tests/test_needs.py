@@ -1,0 +1,97 @@
+"""Statuses pinned: a check's expected verdict comes from its needs: tags and the probe, and a verdict that differs fails."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+import pytest
+from conftest import NOTEBOOKS
+
+from nbtools.checks import NEEDS, Here, Status, check_ids, needs_of
+from nbtools.device import from_probe
+from nbtools.runner import here_for, judge_checks
+
+CPU = Here("cpu")
+SIM_NPU = Here("npu", 2, simulated=True)
+ONE_NPU = Here("npu", 1)
+REAL_NPU = Here("npu", 8)
+SIM_310P = Here("npu", 2, simulated=True, bf16=False)
+CUDA = Here("cuda", 1)
+
+
+@pytest.mark.parametrize("need, met_on", [
+    ("npu", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P}),
+    ("real-npu", {ONE_NPU, REAL_NPU}),
+    ("accelerator", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}),
+    ("cards=2", {CPU, SIM_NPU, REAL_NPU, SIM_310P}),  # a plain CPU meets it; one card does not
+    ("cards=8", {CPU, REAL_NPU}),
+    ("bf16", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, CUDA}),
+    ("network", set()),
+    ("deepspeed", set()),
+    ("param=accelerate_ref", set()),
+])
+def test_each_need_is_met_where_the_vocabulary_says(need, met_on):
+    hosts = {CPU, SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}
+    assert {h for h in hosts if h.meets(need)} == met_on
+
+
+def test_flipping_one_need_flips_the_expected_status():
+    tags = ["check:demo", "needs:network", "needs:param=accelerate_ref"]
+    offline = Here("cpu", params_set=frozenset({"accelerate_ref"}))
+    online = Here("cpu", network=True, params_set=frozenset({"accelerate_ref"}))
+    # the same pass: pinned as failed where a need is unmet, kept where every need is met
+    assert offline.pinned(tags, Status.PASSED, "ok")[0] is Status.FAILED
+    assert online.pinned(tags, Status.PASSED, "ok") == (Status.PASSED, "ok")
+    # and the same skip the other way round
+    assert offline.pinned(tags, Status.SKIPPED, "no net") == (Status.SKIPPED, "no net")
+    status, reason = online.pinned(tags, Status.SKIPPED, "no net")
+    assert status is Status.FAILED and reason.startswith("跳过了，但这台机器满足它的条件：network、param=accelerate_ref")
+    # one flipped fact of the probe: a 1-card NPU host becomes a 2-card one
+    assert ONE_NPU.pinned(["needs:cards=2"], Status.SKIPPED, "1 card")[0] is Status.SKIPPED
+    assert Here("npu", 2).pinned(["needs:cards=2"], Status.SKIPPED, "1 card")[0] is Status.FAILED
+
+
+def test_a_check_without_needs_must_pass_and_failures_stay_failures():
+    status, reason = CPU.pinned(["check:x"], Status.SKIPPED, "只在 NPU 上检查：演示")
+    assert status is Status.FAILED and "它没有 needs 标签" in reason and "只在 NPU 上检查：演示" in reason
+    status, reason = SIM_NPU.pinned(["needs:real-npu"], Status.PASSED, "")
+    assert (status, reason) == (Status.FAILED, "通过了，但它需要 real-npu，这里没有：needs 标签与检查不一致")
+    assert CPU.pinned(["needs:npu"], Status.FAILED, "boom") == (Status.FAILED, "boom")
+    status, reason = CPU.pinned(["needs:gpu"], Status.PASSED, "")
+    assert status is Status.FAILED and "needs:gpu" in reason  # a misspelt need never passes silently
+
+
+def test_here_comes_from_the_probe_and_the_parameters():
+    probe = {"torch": "2.9.0", "torch_npu": "2.9.0+simulated", "npu_simulated": True, "npu_available": True,
+             "npu_count": 2, "npu_names": ["Ascend310P3"] * 2, "npu_bf16": False}
+    info = from_probe(probe, environ={})
+    defaults = {"device": "auto", "accelerate_ref": ""}
+    here = here_for(info, {"accelerate_ref": "v1.15.0"}, defaults, deepspeed=True, network=False)
+    assert here == Here("npu", 2, True, False, True, False, frozenset({"accelerate_ref"}))
+    assert here_for(info, {"device": "cpu"}, defaults, deepspeed=False, network=False).kind == "cpu"
+    assert here_for(info, {"accelerate_ref": ""}, defaults, deepspeed=False, network=False).params_set == frozenset()
+
+
+def test_judge_checks_pins_a_notebook_where_it_is_given_here(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    for cid, needs, line in [("a", [], "[check] PASSED a"), ("b", ["needs:npu"], "[check] SKIPPED b -- 只在 NPU 上检查"),
+                             ("c", [], "[check] SKIPPED c -- 只在 NPU 上检查")]:
+        cell = nbformat.v4.new_code_cell("", metadata={"tags": [f"check:{cid}", *needs]}, execution_count=1)
+        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")]
+        nb.cells.append(cell)
+    assert [c.status for c in judge_checks(nb, "x.ipynb")] == ["passed", "skipped", "skipped"]
+    assert [c.status for c in judge_checks(nb, "x.ipynb", here=CPU)] == ["passed", "skipped", "failed"]
+    assert [c.status for c in judge_checks(nb, "x.ipynb", here=SIM_NPU)] == ["passed", "failed", "failed"]
+
+
+def test_every_needs_tag_of_the_series_is_in_the_vocabulary():
+    known = {n.split("=")[0] for n in NEEDS}
+    for path in sorted(Path(NOTEBOOKS).glob("*.ipynb")):
+        for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
+            tags = cell.get("metadata", {}).get("tags", [])
+            for need in needs_of(tags):
+                assert check_ids(tags), f"{path.name} cell {i}: needs:{need} on a cell that is no check"
+                assert need.split("=")[0] in known, f"{path.name} cell {i}: unknown need {need!r}"
+                CPU.meets(need)  # raises on a malformed one (cards=x, param=)
+
