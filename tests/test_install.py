@@ -185,3 +185,42 @@ def test_the_zip_route_unpacks_a_checkout_that_installs_and_simulates(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Install the series into this Python" in (tmp_path / "help.txt").read_text()
     assert "npu-smi" in (tmp_path / "smi.txt").read_text(), (tmp_path / "smi.txt").read_text()
+
+
+def _installer():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("install", Path(ROOT, "tools", "install.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_npu_brings_the_quickstarts_pair_or_the_torch_npu_of_the_torch_there():
+    """--npu (examples-guards' setup_example.sh): nothing where torch_npu is there; requirements-npu.txt where neither
+    is; with torch alone, the torch_npu of that torch release (requirements-npu.txt's pin for the quick-start's torch)."""
+    install = _installer()
+    pins = dict(re.findall(r"^(torch|torch_npu)==(\S+)$", Path(ROOT, "requirements-npu.txt").read_text(), re.M))
+    assert pins == {"torch": "2.9.0", "torch_npu": "2.9.0.post2"}  # the quick-start's pair
+    cases = {(): ["-r", install.NPU], ("2.9.0",): [f"torch_npu=={pins['torch_npu']}"],
+             ("2.9.0+cpu",): [f"torch_npu=={pins['torch_npu']}"], ("2.8.0",): ["torch_npu==2.8.0.*"],
+             ("2.9.0", "2.9.0.post9"): [], ("2.14.1", "2.14.0"): []}
+    for versions, want in cases.items():
+        held = dict(zip(("torch", "torch-npu"), versions))
+        assert install.npu_args(held, floors) == want, held
+
+
+def test_npu_on_an_image_with_torch_alone_installs_its_torch_npu_and_keeps_torch(tmp_path):
+    """A stand-in image with the CPU torch 2.9.0+cpu and no torch_npu: pip plans torch_npu 2.9.0.post2 (its x86_64
+    wheel asks for torch==2.9.0+cpu, its aarch64 wheel for torch==2.9.0) and no torch. (With PyPI's x86_64 torch
+    2.9.0, which is no +cpu build, pip finds no torch_npu and tools/install.py says so in one sentence.)"""
+    env = stand_in_image(tmp_path, "3.12", {"torch": "2.9.0+cpu"})
+    proc = shell(f"python tools/install.py --npu --dry-run --report {tmp_path / 'plan.json'}", env)
+    if proc.returncode != 0 and any(s in proc.stderr for s in NO_NETWORK):
+        skip_outside_ci(f"no package index: {proc.stderr[-400:]}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "torch_npu missing, so also: torch_npu==2.9.0.post2" in proc.stdout, proc.stdout[-2000:]
+    plan = json.loads((tmp_path / "plan.json").read_text())["install"]
+    names = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in plan}
+    assert names.get("torch-npu") == "2.9.0.post2" and "torch" not in names, names
+    assert versions("python", env, "torch", "torch-npu") == {"torch": "2.9.0+cpu", "torch-npu": None}
