@@ -34,6 +34,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -184,6 +185,34 @@ def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
     return env, flags, f"{said} 组成真正的 {num_processes} 个 rank 的 gloo 进程组"
 
 
+# An empty torch_npu put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards): torch's autoload
+# calls its `_autoload` (nothing) and Accelerate finds no `torch.npu`, so the card stays out of those ranks.
+EMPTY_TORCH_NPU = "# Hides the NPU from the CPU stand-in's ranks (nbtools.device.hide_cards).\n\n\ndef _autoload():\n    pass\n"
+
+
+def hide_cards(host: str) -> tuple[dict[str, str], str]:
+    """(variables, what they do) that hide a ``host`` kind's cards from ranks run on its CPU. The cause: accelerate
+    1.15's ``wait_for_everyone`` passes ``device_ids`` on MULTI_CPU too, and torch then builds that barrier on the
+    host's accelerator ("No backend type associated with device type npu"; on CUDA "invalid device ordinal")."""
+    if host == "cuda":
+        return {"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES= 让这些 rank 看不见 GPU"
+    if host != "npu":
+        return {}, ""
+    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
+    module = folder / "torch_npu" / "__init__.py"
+    try:  # written whole (a rank starting meanwhile never reads half a file)
+        if not module.is_file() or module.read_text(encoding="utf-8") != EMPTY_TORCH_NPU:
+            module.parent.mkdir(parents=True, exist_ok=True)
+            module.with_suffix(f".{os.getpid()}").write_text(EMPTY_TORCH_NPU, encoding="utf-8")
+            os.replace(module.with_suffix(f".{os.getpid()}"), module)
+    except OSError:  # no writable cache: a private folder
+        folder = Path(tempfile.mkdtemp(prefix="nbtools-hide-npu-"))
+        (folder / "torch_npu").mkdir()
+        (folder / "torch_npu" / "__init__.py").write_text(EMPTY_TORCH_NPU, encoding="utf-8")
+    return ({"PYTHONPATH": _in_front(folder, os.environ.get("PYTHONPATH"))},
+            "PYTHONPATH 前面放一个空的 torch_npu，让这些 rank 看不见 NPU")
+
+
 @dataclass
 class DeviceInfo:
     kind: str  # npu / cuda / cpu: the best accelerator usable here
@@ -261,6 +290,9 @@ class DeviceInfo:
             note = f"{head}：{n} 个进程，在 {', '.join(self.names[:n]) or kind} 上"
             if kind == "npu" and self.simulated:
                 why.append("模拟的 NPU（在 CPU 上，hccl 走 gloo）：证明代码路径与连线，不证明硬件")
+        if kind == "cpu" and n > 1 and (hidden := hide_cards(self.kind))[0]:  # the stand-in's ranks never see a card
+            env = {**hidden[0], **env}
+            why.append(f"{hidden[1]}（accelerate 1.15 的 wait_for_everyone 否则会把屏障放到卡上）")
         return LaunchPlan(
             kind=kind, num_processes=n, backend=BACKENDS[kind] if n > 1 else None,
             distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO", env=env, flags=[*mode, *flags],

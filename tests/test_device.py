@@ -93,7 +93,7 @@ def test_probe_substituted_one_cuda_two_processes_falls_back_to_cpu_labelled():
     plan = info.plan(2)
     assert plan.fallback and plan.kind == "cpu" and plan.backend == "gloo"
     assert "CPU（gloo）代跑" in plan.note and "没有用到 hccl/nccl" in plan.note
-    assert plan.env == {"ACCELERATE_USE_CPU": "1"}
+    assert plan.env == {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "1"}  # the ranks never see the GPU
     single = info.plan(1)
     assert single.kind == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback
     assert (single.backend, single.distributed_type) == (None, "NO")  # one process: no group
