@@ -341,6 +341,43 @@ def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     return res
 
 
+# ---------------------------------------------------------------- 4b. where a launch's time goes
+def _cpu_timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
+    """(wall, CPU) seconds of ``cmd`` and every process it waited for (the ranks of an accelerate launch)."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = _timed(cmd, env=env)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+
+
+def launch_parts(scratch: Path, repeat: int, log=print) -> dict:
+    """01's launches taken apart: the imports every process pays, a 2-rank launch that only starts and stops
+    (per-launch start-up), the same launch of 01's train_npu.py (its steps, the first one's compile included), and
+    that script in one process on this machine's device (no launch: what the stand-in route adds is the difference)."""
+    nb = nbformat.read(NOTEBOOKS / "01_training.ipynb", as_version=4)
+    train = next(c.source for c in nb.cells if c.source.startswith("%%writefile train_npu.py"))
+    (scratch / "train_npu.py").write_text(train.split("\n", 1)[1])
+    (scratch / "tiny_launch.py").write_text(TINY)
+    plan = nbtools.detect().plan(2)
+    env = dict(os.environ, **plan.env, PYTHONUNBUFFERED="1")
+    launch = [commands.executable("accelerate"), "launch", *plan.flags, "--mixed_precision", "no", "--main_process_port"]
+    parts = {"import torch": [sys.executable, "-c", "import torch"],
+             "import torch + accelerate": [sys.executable, "-c", "import torch; from accelerate import Accelerator"],
+             "train_npu.py, 1 process": [sys.executable, str(scratch / "train_npu.py")],
+             "2-rank launch, start and stop only": [*launch, "PORT", str(scratch / "tiny_launch.py")],
+             "2-rank launch of train_npu.py": [*launch, "PORT", str(scratch / "train_npu.py")]}
+    res = {}
+    for name, cmd in parts.items():
+        runs = [_cpu_timed([str(free_port()) if c == "PORT" else c for c in cmd], env=env)
+                for _ in range(repeat)]
+        res[name] = {"wall_s": round(statistics.median(w for w, _ in runs), 2),
+                     "cpu_s": round(statistics.median(c for _, c in runs), 2)}
+        log(f"  {name}: {res[name]['wall_s']:.2f} s wall, {res[name]['cpu_s']:.2f} s CPU (medians of {repeat})")
+    return res
+
+
 # ---------------------------------------------------------------- 5. memory
 MEMORY_PROGRAM = """
 import json, os, sys
@@ -462,7 +499,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-series", action="store_true")
     ap.add_argument("--skip-memory", action="store_true")
     ap.add_argument("--skip-simulated", action="store_true", help="skip the whole series here vs on the simulated NPU")
+    ap.add_argument("--launch-parts", action="store_true", help="only where 01's launch time goes (--repeat runs each): "
+                    "imports, a 2-rank launch that only starts and stops, 01's training launched and in one process")
     args = ap.parse_args(argv)
+    if args.launch_parts:
+        with tempfile.TemporaryDirectory(prefix="nbtools-bench-") as scratch:
+            warm_up()
+            print(json.dumps(launch_parts(Path(scratch), args.repeat), indent=2))
+        return 0
     out = Path(args.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
     info = nbtools.detect()
