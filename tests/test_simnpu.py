@@ -834,3 +834,185 @@ def test_accelerates_own_suite_passes_on_the_stand_in(tmp_path):
     table = r.stdout[r.stdout.index("test file"):]
     for name in SUITE_FILES:
         assert re.search(rf"^{name}\s+\|\s+[1-9]\d*\s", table, re.M), table  # each file ran tests
+
+
+# ---- the guard: every kernel of the stand-in gives the CPU's answer, or raises ------------------------------------
+GUARD = r'''
+import json, re, sys, torch
+from torch.utils._pytree import tree_map, tree_flatten
+from _simnpu._tensor import FP32, LOWER
+
+# ops whose answer is not a function of their inputs (random, uninitialised memory, the device itself), which build
+# no tensor from their inputs (factories: they are made on cpu by design), or which are internal to other subsystems
+SKIP = re.compile(r"rand|bernoulli|dropout|normal|uniform|multinomial|poisson|exponential|geometric|cauchy|"
+                  r"_standard_gamma|dirichlet|binomial|empty|_local_scalar|record_stream|sparse|mkldnn|quantiz|qparams|"
+                  r"_fused|cudnn|miopen|nnpack|fbgemm|_foreach|_amp_|item|data_ptr|set_|resize|_cufft|_test|vulkan|"
+                  r"xnnpack|_sobol|segment_reduce|_efficient|_flash|_cslt|mps|_assert|sym_|_pin|pin_memory|is_pinned|"
+                  r"_backward|lift|batch_dim|_dual|_vmap|_functorch|get_device|Generator|_shape_as_tensor|aten::cpu$|"
+                  r"_make_dep_token|_weight_norm_interface|_compute_linear_combination")   # the last: uninitialised memory for these inputs
+KIND = {"Tensor": "T", "Scalar": 2, "int": 1, "SymInt": 1, "bool": False, "float": 0.5, "int[]": [1],
+        "SymInt[]": [1], "int[1]": [1], "int[2]": [1, 1]}
+
+
+def same(a, b, dev):
+    if isinstance(a, torch.Tensor):
+        if not isinstance(b, torch.Tensor) or b.device.type != dev:
+            return f"want a tensor on {dev}, got {getattr(b, 'device', type(b))}"
+        if a.dtype != b.dtype or a.shape != b.shape:
+            return f"{b.dtype}{tuple(b.shape)}, want {a.dtype}{tuple(a.shape)}"
+        a, b = a.detach().cpu(), b.detach().cpu()
+        ok = (torch.allclose(a, b, equal_nan=True) if a.is_floating_point() or a.is_complex() else torch.equal(a, b))
+        return None if ok else "other values"
+    if isinstance(a, (list, tuple)):
+        if not isinstance(b, (list, tuple)) or len(a) != len(b):
+            return f"{b!r}, want {a!r}"
+        return next((p for x, y in zip(a, b) if (p := same(x, y, dev))), None)
+    return None if a == b or (a != a and b != b) else f"{b!r}, want {a!r}"
+
+
+def spec_of(schema):
+    spec = []
+    for a in schema.arguments:
+        if a.kwarg_only:
+            if a.alias_info is not None and a.alias_info.is_write and str(a.type) == "Tensor":
+                spec.append((a.name, "OUT"))
+            elif not a.has_default_value():
+                return None
+            continue
+        if a.has_default_value():
+            break
+        if str(a.type) not in KIND:
+            return None
+        spec.append((None, KIND[str(a.type)]))
+    return spec if any(v in ("T", "OUT") for _, v in spec) else None
+
+
+def build(spec, dev, shape, dtype=torch.float32):
+    g = torch.Generator().manual_seed(len(spec))
+    args, kw = [], {}
+    for name, v in spec:
+        if v == "OUT":
+            kw[name] = torch.empty(0, dtype=dtype).to(dev)
+        else:
+            args.append(torch.randn(*shape, generator=g).to(dtype).to(dev) if v == "T" else v)
+    return args, kw
+
+
+def check(name, call, spec, shape=(3, 4), dtype=torch.float32):
+    """Run on cpu twice (an op whose cpu answer varies is not checked) and on npu; compare the result, the
+    inputs (in-place ops) and the out= tensors. An npu error is allowed (the op raises); a cpu error skips."""
+    try:
+        a1, k1 = build(spec, "cpu", shape, dtype); w1 = call(*a1, **k1)
+        a2, k2 = build(spec, "cpu", shape, dtype); w2 = call(*a2, **k2)
+        if same((w1, a1, k1), (w2, a2, k2), "cpu"):
+            return None
+    except Exception:
+        return None
+    try:
+        a3, k3 = build(spec, "npu", shape, dtype); g3 = call(*a3, **k3)
+    except Exception:
+        return "raised"
+    try:
+        problem = same((w1, a1, list(k1.values())), (g3, a3, list(k3.values())), "npu")
+        for _ in range(4 if problem else 0):   # a mismatch: is the cpu answer itself stable (no uninitialised memory)?
+            a4, k4 = build(spec, "cpu", shape, dtype)
+            if same((w1, a1, k1), (call(*a4, **k4), a4, k4), "cpu"):
+                return None
+        return problem or "same"
+    except Exception as e:
+        return f"could not compare: {e}"
+
+
+report = {"ran": 0, "raised": 0, "wrong": {}}
+def note(name, verdict):
+    if verdict is None:
+        return
+    report["ran"] += 1
+    if verdict == "raised":
+        report["raised"] += 1
+    elif verdict != "same":
+        report["wrong"][name] = verdict
+
+# 1. every aten op the boxed CPU fallback (and the npu kernels) may serve, with random inputs
+for s in torch._C._jit_get_all_schemas():
+    name = f"{s.name}.{s.overload_name or 'default'}"
+    if not s.name.startswith("aten::") or SKIP.search(s.name) or (spec := spec_of(s)) is None:
+        continue
+    op = getattr(getattr(torch.ops.aten, s.name[6:]), s.overload_name or "default")
+    note(name, check(name, op, spec))
+
+# 2. the kernels the stand-in registers itself for PrivateUse1 (C++ and Python), each with a sample of its own;
+# a kernel registered later without a sample here is reported
+t = lambda dev: torch.arange(12.0).view(3, 4).to(dev)
+SAMPLES = {
+    "aten::empty.memory_format": lambda d: torch.empty(3, 4, device=d).shape,
+    "aten::empty_strided": lambda d: torch.empty_strided((3, 4), (1, 3), device=d).stride(),
+    "aten::_copy_from": lambda d: [t(d).to(torch.float16), t("cpu").to(d), t(d).to("cpu").to(d)],
+    "aten::_copy_from_and_resize": lambda d: torch.ops.aten._copy_from_and_resize(t(d), torch.empty(0, device=d))
+    if d != "cpu" else t(d),
+    "aten::_has_compatible_shallow_copy_type": lambda d: torch._has_compatible_shallow_copy_type(t(d), t("cpu")),
+    "aten::_reshape_alias": lambda d: torch.ops.aten._reshape_alias(t(d), [4, 3], [3, 1]),
+    "aten::as_strided": lambda d: t(d).as_strided((2, 2), (4, 1), 1),
+    "aten::view": lambda d: [t(d).view(4, 3), t(d).view(torch.int32)],
+    "aten::resize_": lambda d: t(d).resize_(2, 3),
+    "aten::set_": lambda d: t(d).set_(),
+    "aten::set_.source_Tensor": lambda d: torch.empty(0, device=d).set_(t(d)),
+    "aten::set_.source_Storage": lambda d: torch.empty(0, device=d).set_(t(d).untyped_storage()),
+    "aten::set_.source_Storage_storage_offset": lambda d: torch.empty(0, device=d).set_(
+        t(d).untyped_storage(), 4, (2, 2), (1, 2)),
+    "aten::record_stream": lambda d: [x := t(d), x.record_stream(torch.npu.current_stream()) if d != "cpu" else None][0],
+    "simnpu::host_alias": lambda d: torch.ops.simnpu.host_alias(t(d)).to(d) if d != "cpu" else t(d),
+}
+registered = sorted(n for n in torch._C._dispatch_get_registrations_for_dispatch_key("PrivateUse1")
+                    if n.split("::")[0] in ("aten", "simnpu"))
+report["unsampled"] = [n for n in registered if n not in SAMPLES]
+for name in registered:
+    if name in SAMPLES:
+        try:
+            got = SAMPLES[name]("npu")
+        except Exception:
+            note(name, "raised"); continue
+        problem = same(SAMPLES[name]("cpu"), got, "npu") if not isinstance(got, (torch.Size, tuple, bool)) else (
+            None if got == SAMPLES[name]("cpu") or name == "aten::_has_compatible_shallow_copy_type" else "other")
+        note(name, problem or "same")
+
+# 3. the autocast kernels: under autocast("npu", bf16), the cpu op on inputs cast as the stand-in's lists say
+def autocast_call(op, cast):
+    def call(*args, **kw):
+        if args[0].device.type == "npu":
+            with torch.autocast("npu", dtype=torch.bfloat16):
+                return op(*args, **kw)
+        c = lambda x: x.to(cast) if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+        return op(*tree_map(c, args), **tree_map(c, kw))
+    return call
+autocast_ops = torch._C._dispatch_get_registrations_for_dispatch_key("AutocastPrivateUse1")
+report["autocast_checked"] = []
+for s in torch._C._jit_get_all_schemas():
+    qual = f"{s.name}.{s.overload_name}" if s.overload_name else s.name
+    if qual not in autocast_ops or (spec := spec_of(s)) is None:
+        continue
+    short = qual[6:]
+    cast, dtype = (torch.bfloat16, torch.float32) if short in LOWER else (torch.float32, torch.bfloat16)
+    op = getattr(getattr(torch.ops.aten, s.name[6:]), s.overload_name or "default")
+    for shape in ((4, 4), (2, 4, 4)):
+        v = check(qual, autocast_call(op, cast), spec, shape, dtype)
+        if v is not None:
+            note("autocast " + qual, v)
+            report["autocast_checked"].append(qual)
+            break
+print("GUARD " + json.dumps(report))
+'''
+
+
+def test_every_kernel_gives_the_cpu_answer_or_raises(work):
+    """Property-style guard: every aten op (the boxed CPU fallback), each kernel the stand-in registers for npu
+    (a sample each), and its autocast kernels, with random inputs: the npu result equals the cpu one, or the op
+    raises. A kernel registered later without a sample here fails the test (``unsampled``)."""
+    r = py(GUARD, sim_env(work), work, timeout=240)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("GUARD ")]
+    assert r.returncode == 0 and lines, r.stdout[-3000:]
+    report = json.loads(lines[0][6:])
+    assert report["wrong"] == {}, report["wrong"]
+    assert report["unsampled"] == [], f"kernels without a sample in GUARD: {report['unsampled']}"
+    assert report["ran"] - report["raised"] > 500, report   # the sweep really compared (about 700 ops here)
+    assert len(report["autocast_checked"]) >= 20, report

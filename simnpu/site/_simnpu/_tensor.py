@@ -15,6 +15,16 @@ def host(t):
     return torch.ops.simnpu.host_alias(t.detach())
 
 
+# ---- conjugate / negative views (complex `conj()`, `_neg_view`): the npu copy kernel copies through host
+# aliases that keep the conj / neg bits, and the CPU copy resolves them. Without these fallthroughs torch's math-op
+# fallback materialises the source with a clone, whose copy lands in the same fallback again: endless recursion
+# (a segmentation fault, seen with torch.fft.hfft on npu).
+_VIEWS = torch.library.Library("aten", "IMPL")
+for _key in ("Conjugate", "Negative"):
+    for _op in ("_copy_from", "_copy_from_and_resize"):
+        _VIEWS.impl(_op, torch.library.fallthrough_kernel, _key)
+
+
 # ---- autocast("npu"): core registers no policy for AutocastPrivateUse1 --------------------------
 _FALLBACK = torch.library.Library("_", "IMPL")
 try:
