@@ -351,3 +351,19 @@ def test_the_cli_line_and_every_junit_testcase_say_simulated_when_it_was(tmp_pat
     report_module.write_junit(report, tmp_path / "junit.xml")
     cases = ET.parse(tmp_path / "junit.xml").getroot().findall("testcase")
     assert cases and all(c.get("classname").startswith("simulated_npu.") is simulated for c in cases)
+
+
+def test_the_verdict_table_in_the_log_holds_every_check_failed_ones_last_the_device_versions_and_report_path(tmp_path):
+    """What Ascend's guard keeps of a run is its log: the table must say what failed and why without report.json."""
+    report = make_report(tmp_path, device={**CPU, "versions": {"python": "3.12.1", "torch": "2.9.0", "torch_npu": None}})
+    report.checks[2].reason = "AssertionError: 1 != 2\nfix: the second line"
+    lines = report_module.verdict_table(report, tmp_path).splitlines()
+    assert lines[0].split() == ["status", "check", "notebook:", "reason"]
+    rows = [ln.split()[:2] for ln in lines[1:8]]
+    assert rows == [["passed", "check-py"], ["skipped", "acc-install-source"], ["passed", "extra-thing"],
+                    ["failed", "acc-env"], ["missing", "acc-dispatch"], ["failed", "(notebook)"], ["not-run", "(notebook)"]]
+    assert "00_environment.ipynb: AssertionError: 1 != 2 / fix: the second line" in lines[4]
+    assert lines[5].endswith("-: no notebook cell is tagged check:acc-dispatch")
+    assert lines[6].endswith("00_environment.ipynb: AssertionError: 1 != 2 (cell In[3])")
+    assert lines[8] == f"device: {report_module.device_line(report.device)}" and lines[9] == "versions: python 3.12.1, torch 2.9.0"
+    assert lines[10].startswith(f"report.json: {(tmp_path / 'report.json').resolve()} ")
