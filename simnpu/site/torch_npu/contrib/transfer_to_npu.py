@@ -19,6 +19,7 @@ import torch
 import torch._dynamo  # the real `import torch_npu` has loaded dynamo (and DTensor) before these patches
 import torch.distributed.tensor
 import torch.utils._triton
+
 import torch_npu
 
 __all__ = []
@@ -49,7 +50,7 @@ def _npu(device):
     if isinstance(device, str) and 'cuda' in device:
         return device.replace('cuda', 'npu')
     if isinstance(device, torch.device) and 'cuda' in device.type:
-        return torch.device('npu:{}'.format(device.index) if device.index is not None else 'npu')
+        return torch.device(f'npu:{device.index}' if device.index is not None else 'npu')
     if isinstance(device, dict):
         return {(k.replace('cuda', 'npu') if isinstance(k, str) else k): (v.replace('cuda', 'npu') if isinstance(v, str)
                 else v) for k, v in device.items()}
@@ -96,7 +97,7 @@ def _init():
         warnings.warn('The torch.Tensor.cuda and torch.nn.Module.cuda are replaced with torch.Tensor.npu and '
                       'torch.nn.Module.npu now..\nThe backend in torch.distributed.init_process_group set to hccl now..'
                       '\nThe torch.cuda.* and torch.cuda.amp.* are replaced with torch.npu.* and torch.npu.amp.* now..',
-                      ImportWarning)
+                      ImportWarning, stacklevel=2)
     _patch_module(torch.cuda, torch_npu.npu)
     _patch_module(torch.cuda.amp, torch_npu.npu.amp)
     _device_wrapper(torch.cuda, torch_cuda_fn_white_list)
@@ -114,7 +115,7 @@ def _init():
     _device_wrapper(torch.nn.parallel.DistributedDataParallel, torch_distributed_fn_white_list)
     warnings.warn('torch.jit.script and torch.jit.script_method will be disabled by transfer_to_npu, which currently '
                   'does not support them, if you need to enable them, please do not use transfer_to_npu.',
-                  RuntimeWarning)
+                  RuntimeWarning, stacklevel=2)
     torch.jit.script = lambda obj, optimize=None, _frames_up=0, _rcb=None, example_inputs=None: obj
     torch.jit.script_method = lambda fn: fn
     torch.utils._triton.has_triton = lambda: False

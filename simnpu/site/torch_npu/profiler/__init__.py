@@ -49,7 +49,7 @@ def tensorboard_trace_handler(dir_name: str = None, worker_name: str = None, ana
                               async_mode: bool = False):
     def handler_fn(prof_inst) -> None:
         stamp = datetime.datetime.now().strftime("%Y%m%d%H%M%S%f")[:-3]
-        span = "{}_{}_{}_ascend_pt".format(worker_name or socket.gethostname(), os.getpid(), stamp)
+        span = f"{worker_name or socket.gethostname()}_{os.getpid()}_{stamp}_ascend_pt"
         out = os.path.join(os.path.realpath(dir_name) if dir_name else os.getcwd(), span, "ASCEND_PROFILER_OUTPUT")
         os.makedirs(out, exist_ok=True)
         prof_inst.export_chrome_trace(os.path.join(out, "trace_view.json"))
