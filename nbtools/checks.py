@@ -62,9 +62,9 @@ TAG_PREFIX = "check:"
 VERDICT = re.compile(r"^\[check\] (PASSED|SKIPPED) (\S+)(?: -- (.*))?$", re.MULTILINE)
 
 
-def check_ids(tags) -> list[str]:
-    """The check ids named by a cell's tags."""
-    return [t[len(TAG_PREFIX):] for t in tags or () if isinstance(t, str) and t.startswith(TAG_PREFIX)]
+def check_ids(tags, prefix: str = TAG_PREFIX) -> list[str]:
+    """The check ids named by a cell's tags (``prefix="needs:"``: its needs, ``needs:cards=2`` -> ``cards=2``)."""
+    return [t[len(prefix):] for t in tags or () if isinstance(t, str) and t.startswith(prefix)]
 
 
 def passed(check_id: str, detail: str = "") -> None:
@@ -84,8 +84,7 @@ NEEDS = ("npu", "real-npu", "accelerator", "cards=N", "network", "deepspeed", "b
 
 
 def needs_of(tags) -> list[str]:
-    """The needs named by a cell's tags (``needs:cards=2`` -> ``cards=2``)."""
-    return [t[len(NEEDS_PREFIX):] for t in tags or () if isinstance(t, str) and t.startswith(NEEDS_PREFIX)]
+    return check_ids(tags, NEEDS_PREFIX)
 
 
 @dataclass(frozen=True)
@@ -97,7 +96,7 @@ class Here:
     simulated: bool = False
     bf16: bool = True
     deepspeed: bool = False  # the kernel's interpreter finds deepspeed
-    network: bool = False  # beyond the package registries (GitHub, the Hub): `nbtools run --network`
+    network: bool = False  # beyond the package registries (GitHub, the Hub): NBTOOLS_NETWORK=1 says so
     params_set: frozenset = frozenset()  # parameters given a value other than the notebook's default
 
     def meets(self, need: str) -> bool:

@@ -73,6 +73,14 @@ def test_llama_param_count_matches_transformers(cfg):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**cfg))
     model.tie_weights()  # what from_pretrained does; parameters() counts a tied tensor once
     assert bigmodel.llama_param_count(cfg) == sum(p.numel() for p in model.parameters())
+    # per module, as a device_map names them (what 03b's bigmodel-memory expects on each device)
+    per_module = bigmodel.llama_module_params(cfg)
+    for name, n in per_module.items():
+        own = {id(p): p for p in model.get_submodule(name).parameters()}
+        if name == "lm_head" and cfg.get("tie_word_embeddings"):
+            assert n == 0  # its weight is the embeddings'
+        else:
+            assert n == sum(p.numel() for p in own.values()), name
 
 
 def test_quickstart_device_map_halves_the_layers():

@@ -1,6 +1,8 @@
+import os
+
 import pytest
 
-from nbtools.npusmi import parse_npu_smi, summary
+from nbtools.npusmi import cards_seen, parse_npu_smi, summary
 
 # The quick-start's sample table (two 910B4, nothing running).
 SAMPLE = """
@@ -103,3 +105,22 @@ def test_two_chips_per_npu_give_two_entries():
 def test_not_a_table():
     with pytest.raises(ValueError, match="no `npu-smi info` table"):
         parse_npu_smi("bash: npu-smi: command not found")
+
+
+def test_cards_seen_without_torch(tmp_path):
+    """check-torch's expectation: the visibility variable, else the device files, else npu-smi's table; 0 without any."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    bare = {"PATH": str(tmp_path / "nothing")}
+    assert cards_seen("npu", bare, dev=str(dev)) == 0 and cards_seen("cuda", bare, dev=str(dev)) == 0
+    assert cards_seen("npu", {**bare, "ASCEND_RT_VISIBLE_DEVICES": "4,5,6"}, dev=str(dev)) == 3
+    assert cards_seen("cuda", {**bare, "CUDA_VISIBLE_DEVICES": ""}, dev=str(dev)) == 0  # set and empty: none
+    for name in ("davinci0", "davinci1", "davinci_manager", "nvidia0", "nvidiactl"):
+        (dev / name).touch()
+    assert cards_seen("npu", bare, dev=str(dev)) == 2 and cards_seen("cuda", bare, dev=str(dev)) == 1
+    tool = tmp_path / "bin" / "npu-smi"
+    tool.parent.mkdir()
+    tool.write_text("#!/bin/sh\ncat <<'EOF'\n" + SAMPLE + "\nEOF\n")
+    tool.chmod(0o755)
+    path = f"{tool.parent}{os.pathsep}{os.environ['PATH']}"
+    assert cards_seen("npu", {"PATH": path}, dev=str(tmp_path / "nodev")) == 2  # the sample's two 910B4
