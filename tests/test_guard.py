@@ -196,6 +196,7 @@ def test_the_rehearsal_left_a_valid_result_for_each_entry(entry):
     runner = next(e["runner"] for e in manifest()["supported"] if e["path"] == entry)
     assert runner == f"linux-aarch64-a2-{REHEARSED[entry]}"  # one 1-card entry and one 2-card entry
     assert (result["job_status"], result["path"], result["source"]) == ("success", entry, "upstream")
+    assert result["image"] == IMAGE  # no RESULT_IMAGE in the rehearsal, as in the guard: the manifest entry's
     assert result["device"]["kind"] == "npu" and result["device"]["simulated"] is True
     report = json.loads((result_file.parent / "report" / "report.json").read_text(encoding="utf-8"))
     assert result["checks"] == report["summary"]["checks"] and report["notebooks"][0]["status"] == "passed"
