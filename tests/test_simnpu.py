@@ -1016,3 +1016,28 @@ def test_every_kernel_gives_the_cpu_answer_or_raises(work):
     assert report["unsampled"] == [], f"kernels without a sample in GUARD: {report['unsampled']}"
     assert report["ran"] - report["raised"] > 500, report   # the sweep really compared (about 700 ops here)
     assert len(report["autocast_checked"]) >= 20, report
+
+
+def test_import_order_pinned_memory_reprs_and_retries_like_torch_npu(work):
+    """torch_npu imported before torch (the real one switches torch's backend autoload off around `import torch`);
+    pin_memory() is pinned and a non-blocking npu->cpu copy lands in pinned memory (a blocking one does not);
+    Stream / Event reprs name torch_npu.npu; memory_stats counts num_alloc_retries (the cache released, retried)."""
+    r = py("import torch_npu, torch; print('first', torch.npu.device_count(), torch.ones(1, device='npu').device)",
+           sim_env(work, SIMNPU_CARDS="3"), work)
+    assert r.returncode == 0 and "first 3 npu:0" in r.stdout, r.stdout[-2000:]
+    r = py("""
+        import torch
+        a = torch.ones(4); n = torch.arange(4.0, device="npu")
+        print("pinned", a.is_pinned(), a.pin_memory().is_pinned(), n.to("cpu", non_blocking=True).is_pinned(),
+              n.cpu().is_pinned())
+        e = torch.npu.Event(); before = repr(e); e.record()
+        print("repr", torch.npu.Stream(device=1), "|", before, "|", e)
+        torch.npu.set_per_process_memory_fraction(0.002)   # 65 MiB of 32 GiB
+        x = torch.empty(8 * 2**20, device="npu"); del x     # 32 MiB reserved, then cached
+        y = torch.empty(10 * 2**20, device="npu")           # 40 MiB more only after the cache is released
+        print("retries", torch.npu.memory_stats()["num_alloc_retries"])
+    """, sim_env(work), work)
+    assert "pinned False True True False" in r.stdout, r.stdout[-2000:]
+    assert re.search(r"repr <torch_npu\.npu\.Stream device=npu:1 npu_stream=0x[0-9a-f]+> \| "
+                     r"<torch_npu\.npu\.Event uninitialized> \| <torch_npu\.npu\.Event 0x[0-9a-f]+>", r.stdout), r.stdout
+    assert "retries 1" in r.stdout, r.stdout[-2000:]

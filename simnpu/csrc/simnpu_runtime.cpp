@@ -9,6 +9,7 @@
 #include <ATen/core/Generator.h>
 #include <c10/core/StorageImpl.h>
 #include <c10/core/CPUAllocator.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 
 #include "simnpu.h"
@@ -22,6 +23,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -270,6 +272,41 @@ struct SimNpuGuard final : c10::impl::DeviceGuardImplInterface {
 
 C10_REGISTER_GUARD_IMPL(PrivateUse1, SimNpuGuard);
 
+// "Pinned" (page-locked) host memory: plain host memory here, whose blocks are remembered, so `is_pinned()` answers as
+// on a card: True for `pin_memory()` and for the host copy of a non-blocking npu->cpu transfer, False otherwise.
+std::mutex pinned_mutex;
+std::map<uintptr_t, size_t> pinned_blocks;  // start -> bytes
+
+void free_pinned(void* p) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mutex);
+    pinned_blocks.erase(reinterpret_cast<uintptr_t>(p));
+  }
+  c10::free_cpu(p);
+}
+
+struct PinnedAllocator final : c10::Allocator {
+  c10::DataPtr allocate(size_t n) override {
+    void* p = c10::alloc_cpu(n ? n : 1);
+    {
+      std::lock_guard<std::mutex> lock(pinned_mutex);
+      pinned_blocks[reinterpret_cast<uintptr_t>(p)] = n ? n : 1;
+    }
+    return {p, p, &free_pinned, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &free_pinned; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
+} pinned_allocator;
+
+bool is_pinned_ptr(const void* data) {
+  const auto p = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(pinned_mutex);
+  auto it = pinned_blocks.upper_bound(p);
+  if (it == pinned_blocks.begin()) return false;
+  --it;
+  return p < it->first + it->second;
+}
+
 struct SimNpuHooks final : at::PrivateUse1HooksInterface {
   bool isBuilt() const override { return true; }
   bool isAvailable() const override { return count() > 0; }
@@ -283,9 +320,8 @@ struct SimNpuHooks final : at::PrivateUse1HooksInterface {
     return old;
   }
   c10::DeviceIndex maybeExchangeDevice(c10::DeviceIndex d) const override { return exchangeDevice(d); }
-  // Device memory is host memory here, so "pinned" host memory is plain host memory.
-  bool isPinnedPtr(const void*) const override { return false; }
-  c10::Allocator* getPinnedMemoryAllocator() const override { return c10::GetCPUAllocator(); }
+  bool isPinnedPtr(const void* data) const override { return is_pinned_ptr(data); }
+  c10::Allocator* getPinnedMemoryAllocator() const override { return &pinned_allocator; }
   const at::Generator& getDefaultGenerator(c10::DeviceIndex i) const override {
     return simnpu::default_generator(i < 0 ? current_index : i);
   }

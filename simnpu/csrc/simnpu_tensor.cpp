@@ -39,7 +39,7 @@ constexpr c10::DeviceType kNpu = c10::DeviceType::PrivateUse1;
 // ---- memory: per card, the bytes of live storages, against the card's capacity ----------------------
 struct Mem {
   int64_t allocated = 0, peak = 0, reserved = 0, peak_reserved = 0;
-  int64_t allocs = 0, frees = 0, ooms = 0;
+  int64_t allocs = 0, frees = 0, ooms = 0, retries = 0;
   double fraction = -1;  // none set
 };
 std::mutex mem_mutex;
@@ -89,7 +89,10 @@ void count_alloc(int dev, int64_t n) {
   Mem& m = mem[dev];
   if (m.allocated + b > m.reserved) {  // no cached room: reserve a segment
     const int64_t seg = segment_size(b);
-    if (m.reserved + seg > allowed(dev)) m.reserved = released(m.allocated);  // release the cache, retry
+    if (m.reserved + seg > allowed(dev)) {  // release the cache, retry (the real one counts num_alloc_retries)
+      m.reserved = released(m.allocated);
+      ++m.retries;
+    }
     if (m.reserved + seg > allowed(dev)) {
       ++m.ooms;
       const std::string allowed_info = fraction_set(dev) ? format_size(allowed(dev)) + " allowed; " : "";
@@ -709,12 +712,12 @@ TORCH_LIBRARY_IMPL(simnpu, PrivateUse1, m) { m.impl("host_alias", TORCH_FN(host_
 
 // ---- C entry points for the Python side (ctypes) --------------------------------------------------------
 extern "C" {
-// stats: allocated, peak, reserved, peak reserved, allocs, frees, ooms, limit, capacity
+// stats: allocated, peak, reserved, peak reserved, allocs, frees, ooms, limit, capacity, retries
 void simnpu_memory(int dev, long long* out) {
   std::lock_guard<std::mutex> lock(mem_mutex);
   const Mem& m = mem[dev];
   const long long v[] = {m.allocated, m.peak, m.reserved, m.peak_reserved, m.allocs, m.frees, m.ooms,
-                         allowed(dev), capacity(dev)};
+                         allowed(dev), capacity(dev), m.retries};
   std::memcpy(out, v, sizeof v);
 }
 void simnpu_reset_peak(int dev) {
@@ -724,7 +727,7 @@ void simnpu_reset_peak(int dev) {
 }
 void simnpu_reset_accumulated(int dev) {
   std::lock_guard<std::mutex> lock(mem_mutex);
-  mem[dev].allocs = mem[dev].frees = mem[dev].ooms = 0;
+  mem[dev].allocs = mem[dev].frees = mem[dev].ooms = mem[dev].retries = 0;
 }
 void simnpu_empty_cache(int dev) {
   std::lock_guard<std::mutex> lock(mem_mutex);

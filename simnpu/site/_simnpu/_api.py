@@ -217,7 +217,7 @@ def memory_stats(device=None):
     m = rt.memory(_idx(device))
     return {"allocated_bytes.all.current": m["allocated"], "allocated_bytes.all.peak": m["peak"],
             "allocation.all.allocated": m["allocs"], "allocation.all.freed": m["frees"],
-            "allocation.all.current": m["allocs"] - m["frees"], "num_ooms": m["ooms"],
+            "allocation.all.current": m["allocs"] - m["frees"], "num_alloc_retries": m["retries"], "num_ooms": m["ooms"],
             "reserved_bytes.all.current": m["reserved"], "reserved_bytes.all.peak": m["peak_reserved"]}
 
 
@@ -362,6 +362,14 @@ class Stream(torch.Stream):
         index = _get_device_index(device, optional=True)
         return super().__new__(cls, device=torch.device("npu", index), priority=priority)
 
+    @property
+    def npu_stream(self):
+        """An invented handle (a card's is an aclrtStream pointer): distinct per card and stream, never 0."""
+        return 0x10000000 + (self.device_index << 20) + (self.stream_id << 8)
+
+    def __repr__(self):
+        return f"<torch_npu.npu.Stream device={self.device} npu_stream={self.npu_stream:#x}>"
+
     def wait_event(self, event):
         event.wait(self)
 
@@ -380,6 +388,14 @@ class Event(torch.Event):
     def record(self, stream=None):
         super().record(current_stream() if stream is None else stream)
         self._host_ms = time.perf_counter() * 1000.0
+
+    @property
+    def npu_event(self):
+        """An invented handle once recorded (a card's is an aclrtEvent pointer), 0 before, as the real one."""
+        return 0 if getattr(self, "_host_ms", None) is None else 0x20000000 + (id(self) & 0xFFFFFF) * 16
+
+    def __repr__(self):
+        return f"<torch_npu.npu.Event {self.npu_event:#x}>" if self.npu_event else "<torch_npu.npu.Event uninitialized>"
 
     def elapsed_time(self, end_event):
         """Milliseconds between the two records on the host (torch's C++ check takes only its own Event type)."""

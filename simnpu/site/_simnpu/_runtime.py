@@ -99,7 +99,8 @@ atexit.register(_unregister)
 
 
 # ---- memory: the C++ allocator's counts per card ----------------------------------------------------------
-MEMORY_FIELDS = ("allocated", "peak", "reserved", "peak_reserved", "allocs", "frees", "ooms", "allowed", "capacity")
+MEMORY_FIELDS = ("allocated", "peak", "reserved", "peak_reserved", "allocs", "frees", "ooms", "allowed", "capacity",
+                 "retries")
 
 
 def memory(index):

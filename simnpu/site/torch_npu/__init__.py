@@ -4,10 +4,15 @@
 tell this stand-in from the real torch_npu. It defines only names the real torch_npu 2.9.0.post2
 defines; its machinery lives in the private package ``_simnpu`` beside it.
 """
-import os  # noqa: F401  (bound by the real torch_npu too)
+import os
 import sys
 
-import torch
+# As the real torch_npu: torch's backend autoload is off while `import torch` runs here, so `import torch_npu` before
+# torch does not import torch_npu again from torch's entry point (a circular import); _autoload restores it.
+ORG_AUTOLOAD = os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
+
+import torch  # noqa: E402
 
 # The real torch_npu refuses to share a process with another accelerator backend.
 if torch._C._get_accelerator().type not in ("cpu", "privateuseone", "npu"):
@@ -33,4 +38,5 @@ sys.modules["_simnpu._boot"].finish(sys.modules[__name__])
 
 # Entry point torch calls on 'import torch' (torch.backends entry point), as in the real wheel.
 def _autoload():
-    pass
+    # the real one's words: "We should restore this switch as sub processes need to inherit its value"
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
