@@ -1,8 +1,8 @@
 """What notebook 09 reads from its workers: an out-of-memory message's numbers, a profiler trace's top operators,
 and model FLOPs utilisation where a card's published peak is known.
 
-- ``read_oom``: the sizes in a caching allocator's "out of memory" message (torch_npu's "NPU out of memory" and
-  torch's "CUDA out of memory" share the wording), in bytes.
+- ``read_oom``: the sizes in a caching allocator's "out of memory" message (torch_npu's "NPU out of memory", torch's
+  "CUDA out of memory"), in bytes.
 - ``top_ops`` / ``profiled_steps``: from a chrome-trace json (torch's ``*.pt.trace.json``, torch_npu's
   ``ASCEND_PROFILER_OUTPUT/trace_view.json``), the complete events summed per name, and the ``ProfilerStep#N`` seen.
 - ``PEAK_TFLOPS`` / ``peak_tflops``: dense peaks from the vendors' datasheets, by device name; none for Ascend
@@ -18,13 +18,14 @@ from pathlib import Path
 
 _UNITS = {"B": 1, "bytes": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
 _SIZE = r"([\d.]+) (B|bytes|KiB|MiB|GiB|TiB)"
+# torch_npu's wording first, then torch's for CUDA ("... GPU 0 has a total capacity of X of which Y is free ...")
 OOM_FIELDS = {
-    "tried": rf"Tried to allocate {_SIZE}",
-    "total": rf"{_SIZE} total capacity",
-    "allocated": rf"{_SIZE} already allocated",
-    "free": rf"{_SIZE} free",
-    "allowed": rf"{_SIZE} allowed",
-    "reserved": rf"{_SIZE} reserved in total by PyTorch",
+    "tried": [rf"Tried to allocate {_SIZE}"],
+    "total": [rf"{_SIZE} total capacity", rf"total capacity of {_SIZE}"],
+    "allocated": [rf"{_SIZE} already allocated", rf"{_SIZE} is allocated by PyTorch"],
+    "free": [rf"{_SIZE} free", rf"of which {_SIZE} is free"],
+    "allowed": [rf"{_SIZE} allowed"],
+    "reserved": [rf"{_SIZE} reserved in total by PyTorch"],
 }
 
 # Dense (no sparsity) tensor-core peaks in TFLOPS, from NVIDIA's datasheets ("H100 Tensor Core GPU" datasheet,
@@ -38,8 +39,8 @@ PEAK_TFLOPS = {
 def read_oom(message: str) -> dict[str, int]:
     """The sizes an out-of-memory message states, in bytes (rounded as printed: two decimals of its unit)."""
     out = {}
-    for key, pattern in OOM_FIELDS.items():
-        if m := re.search(pattern, message):
+    for key, patterns in OOM_FIELDS.items():
+        if m := next(filter(None, (re.search(p, message) for p in patterns)), None):
             out[key] = round(float(m.group(1)) * _UNITS[m.group(2)])
     return out
 

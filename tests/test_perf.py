@@ -27,6 +27,10 @@ def test_read_oom_gives_every_size_in_bytes():
     assert perf.within_print(host["allocated"], 10.24 * 2**30 + 2**20)  # printed with two decimals of GiB
     assert not perf.within_print(host["allocated"], 10.30 * 2**30)
     assert perf.read_oom("RuntimeError: something else") == {}
+    cuda = perf.read_oom("CUDA out of memory. Tried to allocate 96.00 MiB. GPU 0 has a total capacity of 79.19 GiB of "
+                         "which 78.50 GiB is free. Of the allocated memory 0 bytes is allocated by PyTorch, and 0 bytes "
+                         "is reserved by PyTorch but unallocated.")
+    assert cuda == {"tried": 96 * 2**20, "total": round(79.19 * 2**30), "allocated": 0, "free": round(78.5 * 2**30)}
 
 
 def test_trace_readers(tmp_path):
