@@ -22,6 +22,8 @@ import torch.utils._triton
 
 import torch_npu
 
+warnings.filterwarnings(action='once')  # as the real module: its ImportWarning below is shown once
+
 __all__ = []
 torch_fn_white_list = ['logspace', 'randint', 'hann_window', 'rand', 'full_like', 'ones_like', 'rand_like', 'randperm',
                        'arange', 'frombuffer', 'normal', '_empty_per_channel_affine_quantized', 'empty_strided',
