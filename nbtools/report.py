@@ -56,8 +56,9 @@ def summary_line(report: RunReport, counts: dict | None = None) -> str:
 
 
 def verdict_table(report: RunReport, output_dir: Path) -> str:
-    """The job log's verdict (Ascend's examples guard keeps only the log and the exit status): every check with its
-    status and reason, failed ones last, each notebook that did not pass, the device, the versions, report.json's path."""
+    """The job log's verdict (Ascend's examples guard keeps only the log and the exit status): every check with
+    its status and reason, failed ones last, each notebook that did not pass, the device, the versions, and
+    report.json's path."""
     rows = [(c.status, c.id, c.notebook, c.reason) for c in report.checks]
     rows = sorted(rows, key=lambda r: not Status(r[0]).ok) + [
         (n.status, "(notebook)", n.path, n.error) for n in report.notebooks if n.status != Status.PASSED]
@@ -65,8 +66,9 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
     lines = [f"{'status':<8}  {'check':<{width}}  notebook: reason"]
     lines += [f"{s:<8}  {i:<{width}}  {nb or '-'}: {' / '.join(str(why).splitlines())}" for s, i, nb, why in rows]
     versions = ", ".join(f"{k} {v}" for k, v in (report.device.get("versions") or {}).items() if v)
+    where = f"report.json: {(output_dir / 'report.json').resolve()}"
     return "\n".join([*lines, f"device: {device_line(report.device)}", f"versions: {versions}",
-                      f"report.json: {(output_dir / 'report.json').resolve()} (Ascend's guard returns only this log)"])
+                      f"{where} (under Ascend's examples guard only this log and the exit status come back)"])
 
 
 def to_dict(report: RunReport) -> dict:

@@ -97,10 +97,10 @@ def main(argv=None):
             f"{n} {held[n]} -> {after.get(n)}" for n in changed), file=sys.stderr)
         return 1
     if rc:
-        print("tools/install.py: pip found no releases of the lessons' libraries" + (
-              f" and of {extra[-1]} (the torch_npu built for the torch held here)" if extra and extra[0] != "-r" else "") + " that accept "
-              "the held versions above, or could not reach its index (its own message is above); nothing held was "
-              "changed. Where the image is the problem: " + floors.USE_INSTEAD, file=sys.stderr)
+        npu_pin = "" if extra[:1] in ([], ["-r"]) else f" and of {extra[-1]} (the torch_npu for the torch held here)"
+        print(f"tools/install.py: pip found no releases of the lessons' libraries{npu_pin} that "
+              "accept the held versions above, or could not reach its index (its own message is above); nothing held "
+              "was changed. Where the image is the problem: " + floors.USE_INSTEAD, file=sys.stderr)
     return rc
 
 
