@@ -80,7 +80,7 @@ def skipped(check_id: str, reason: str) -> None:
 
 
 NEEDS_PREFIX = "needs:"
-NEEDS = ("npu", "real-npu", "accelerator", "cards=N", "network", "deepspeed", "bf16", "param=NAME")
+NEEDS = ("npu", "real-npu", "accelerator", "cpu", "cards=N", "network", "deepspeed", "bf16", "param=NAME")
 
 
 def needs_of(tags) -> list[str]:
@@ -106,8 +106,8 @@ class Here:
         if name == "param" and arg:
             return arg in self.params_set
         rules = {"npu": self.kind == "npu", "real-npu": self.kind == "npu" and not self.simulated,
-                 "accelerator": self.kind != "cpu", "network": self.network, "deepspeed": self.deepspeed,
-                 "bf16": self.kind == "cpu" or self.bf16}
+                 "accelerator": self.kind != "cpu", "cpu": self.kind == "cpu", "network": self.network,
+                 "deepspeed": self.deepspeed, "bf16": self.kind == "cpu" or self.bf16}
         if need not in rules:
             raise ParameterError(f"unknown tag needs:{need}; known: {', '.join(NEEDS)}")
         return rules[need]

@@ -456,8 +456,8 @@ def run_notebooks(
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
-        device={**info.to_dict(), **needs}, parameters=selected.parameters, started=time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        kernel=kernel,
+        device={**info.to_dict(), **needs}, parameters=selected.parameters,  # needs: what the pin weighed besides
+        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel,
     )
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs

@@ -24,6 +24,7 @@ CUDA = Here("cuda", 1)
     ("npu", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P}),
     ("real-npu", {ONE_NPU, REAL_NPU}),
     ("accelerator", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}),
+    ("cpu", {CPU}),  # a lesson run on the CPU (no accelerator, or device='cpu'): 08b's CPU-only traps
     ("cards=2", {CPU, SIM_NPU, REAL_NPU, SIM_310P}),  # a plain CPU meets it; one card does not
     ("cards=8", {CPU, REAL_NPU}),
     ("bf16", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, CUDA}),
