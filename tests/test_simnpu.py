@@ -1041,3 +1041,49 @@ def test_import_order_pinned_memory_reprs_and_retries_like_torch_npu(work):
     assert re.search(r"repr <torch_npu\.npu\.Stream device=npu:1 npu_stream=0x[0-9a-f]+> \| "
                      r"<torch_npu\.npu\.Event uninitialized> \| <torch_npu\.npu\.Event 0x[0-9a-f]+>", r.stdout), r.stdout
     assert "retries 1" in r.stdout, r.stdout[-2000:]
+
+
+def test_names_real_code_calls_are_simulated_or_refused_by_name(work):
+    """Issue 49 item 4: each name with the real signature; simulated where a lesson or library can see the
+    behaviour (a format cast keeps the values and is remembered), else an error that names it."""
+    r = py("""
+        import torch, torch_npu
+        t = torch.arange(6.0, device="npu").view(2, 3)
+        nz = torch_npu.npu_format_cast(t, 29)
+        print("format", torch_npu.get_npu_format(t), torch_npu.get_npu_format(nz), torch.equal(nz.cpu(), t.cpu()),
+              torch_npu.get_npu_format(torch_npu.empty_with_format((2, 2), device="npu", acl_format=29)))
+        print("legacy", torch.npu.FloatTensor(2, 3).device, torch.npu.DoubleTensor([1, 2]).dtype,
+              isinstance(t, torch.npu.FloatTensor), isinstance(t.cpu(), torch.npu.FloatTensor))
+        torch.npu.set_autocast_enabled(True); torch.npu.set_autocast_dtype(torch.bfloat16)
+        print("autocast", torch.is_autocast_enabled("npu"), torch.get_autocast_dtype("npu"))
+        torch.npu.set_autocast_enabled(False)
+        before = torch.npu.memory_allocated(); p = torch.npu.caching_allocator_alloc(4096)
+        held = torch.npu.memory_allocated() - before; torch.npu.caching_allocator_delete(p)
+        print("raw", torch.npu.get_allocator_backend(), held, torch.npu.memory_allocated() - before)
+        print("misc", torch.UntypedStorage(4).npu().device, len(str(torch.npu.get_device_properties(1).uuid)),
+              torch_npu.distributed.is_hccl_available(), torch_npu.utils.get_cann_version())
+        class Twice(torch.autograd.Function):
+            @staticmethod
+            @torch.npu.amp.custom_fwd(cast_inputs=torch.float32)
+            def forward(ctx, x):
+                return x * 2
+            @staticmethod
+            @torch.npu.amp.custom_bwd
+            def backward(ctx, g):
+                return g
+        with torch.autocast("npu", dtype=torch.bfloat16):
+            print("custom_fwd", Twice.apply(torch.ones(2, device="npu", dtype=torch.bfloat16)).dtype)
+        for call in (lambda: torch_npu.npu_prompt_flash_attention(t, t, t), lambda: torch.npu._set_rng_state_offset(1),
+                     lambda: torch_npu._C._npu_getDeviceCount()):
+            try:
+                call()
+            except (NotImplementedError, AttributeError) as e:
+                print("refused", str(e).split(" is not simulated")[0])
+    """, sim_env(work), work)
+    out = r.stdout
+    assert "format 2 29 True 29" in out and "legacy npu:0 torch.float64 True False" in out, out[-3000:]
+    assert "autocast True torch.bfloat16" in out and "raw native 4608 0" in out, out[-3000:]
+    assert "misc npu:0 36 True 9.1.0+simulated" in out and "custom_fwd torch.float32" in out, out[-3000:]
+    for name in ("torch_npu.npu_prompt_flash_attention (Ascend's fused kernel)", "torch.npu._set_rng_state_offset",
+                 "torch_npu._C._npu_getDeviceCount"):
+        assert f"refused {name}" in out, out[-3000:]

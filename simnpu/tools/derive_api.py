@@ -17,8 +17,9 @@ and a few submodules of it): its literal ``__all__`` (``names``), the ``__init__
 classes it defines (``init``), every name its top level binds (``def``, ``class``, assignments,
 ``import`` / ``from ... import`` incl. ``*``, names in a literal ``__all__``), every direct
 submodule of the package (importing ``torch_npu.x.y`` anywhere binds ``x`` on the package), and
-for ``torch_npu`` the NPU operators it copies from ``torch.ops.npu`` at import time (the literal
-``public_npu_functions`` list; no signature, kind ``op``).
+for ``torch_npu`` the NPU operators it copies from ``torch.ops.npu`` at import time (kind ``op``: the literal
+``public_npu_functions`` list, and every operator of the ``custom:`` sections of the wheel's
+``npu_native_functions*.yaml``, with its ``schema``).
 """
 from __future__ import annotations
 
@@ -222,6 +223,29 @@ def signature(args: ast.arguments) -> list[dict]:
     return params
 
 
+YAMLS = ("torch_npu/csrc/aten/npu_native_functions.yaml", "torch_npu/csrc/aten/npu_native_functions_by_codegen.yaml")
+
+
+def npu_operators(wheel_path: str) -> dict[str, str]:
+    """name -> schema of the operators the wheel registers in the ``npu`` namespace (the yamls' ``custom:``
+    sections; read line by line, no yaml parser needed)."""
+    ops: dict[str, str] = {}
+    with zipfile.ZipFile(wheel_path) as z:
+        for path in YAMLS:
+            section = None
+            for line in z.read(path).decode("utf-8", "replace").splitlines():
+                if line and not line[0].isspace() and not line.startswith("-"):
+                    section = line.split(":")[0]
+                    continue
+                stripped = line.strip().removeprefix("- ")
+                if section == "custom" and stripped.startswith("func: "):
+                    schema = stripped[len("func: "):]
+                    full, name = schema.split("(")[0], schema.split("(")[0].split(".")[0]
+                    if name not in ops or full == name:   # the default overload wins
+                        ops[name] = schema
+    return ops
+
+
 def derive(wheel_path: str) -> dict:
     w = Wheel(wheel_path)
     modules = {}
@@ -246,6 +270,10 @@ def derive(wheel_path: str) -> dict:
             for op in literal_strings(node.value):
                 modules["torch_npu"].setdefault(op, {"kind": "op"})
     del exposed
+    # ... and every other torch.ops.npu operator too (the loop binds them all, public or not): the `custom` section
+    # of the wheel's native-function yamls, each with its schema (the default overload's, else the first)
+    for op, schema in sorted(npu_operators(wheel_path).items()):
+        modules["torch_npu"].setdefault(op, {"kind": "op"})["schema"] = schema
     with open(wheel_path, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
     return {

@@ -21,6 +21,11 @@ __all__ = [
     "get_device_capability", "set_per_process_memory_fraction", "get_per_process_memory_fraction",
     "memory_cached", "max_memory_cached", "reset_max_memory_cached", "reset_accumulated_memory_stats",
     "memory_stats_as_nested_dict", "memory_summary", "memory_snapshot",
+    "set_autocast_enabled", "is_autocast_enabled", "set_autocast_dtype", "get_autocast_dtype",
+    "get_allocator_backend", "caching_allocator_alloc", "caching_allocator_delete",
+    "_set_rng_state_offset", "_get_rng_state_offset",
+    "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor",
+    "CharTensor", "ByteTensor", "BoolTensor",
 ]
 
 
@@ -91,9 +96,13 @@ def get_device_name(device_name=None):
 
 class _Properties:
     def __init__(self, index):
+        import uuid
+
         self.name = rt.SOC
         self.total_memory = rt.HBM
         self.index = index
+        # invented, stable per simulated card (a card's comes from the driver)
+        self.uuid = uuid.uuid5(uuid.NAMESPACE_OID, f"simnpu-{rt.SOC}-{rt.LIB.simnpu_physical_id(index)}")
 
     def __repr__(self):
         return f"_NPUDeviceProperties(name='{self.name}', total_memory={self.total_memory // 2**20}MB)"
@@ -472,3 +481,84 @@ def get_device_capability(device=None):
                   "The return value of get_device_capability is only for compatibility with PyTorch and does not "
                   "represent the actual capability of the NPU device.")
     return int(match.group(1)), int(match.group(2))
+
+
+# ---- autocast switches of torch.npu (torch's own, for device "npu") ------------------------------------------------
+def set_autocast_enabled(enable):
+    torch.set_autocast_enabled("npu", enable)
+
+
+def is_autocast_enabled():
+    return torch.is_autocast_enabled("npu")
+
+
+def set_autocast_dtype(dtype):
+    torch.set_autocast_dtype("npu", dtype)
+
+
+def get_autocast_dtype():
+    return torch.get_autocast_dtype("npu")
+
+
+# ---- the caching allocator's raw interface -----------------------------------------------------------------------
+_RAW = {}   # pointer -> the npu tensor that holds its bytes (counted by the allocator like any other)
+
+
+def get_allocator_backend():
+    return "native"   # the real one's name for its caching allocator (no pluggable allocator is simulated)
+
+
+def caching_allocator_alloc(size, device=None, stream=None):
+    index = _get_device_index(device, optional=True)
+    t = torch.empty(int(size), dtype=torch.uint8, device=torch.device("npu", index))
+    _RAW[t.data_ptr()] = t
+    return t.data_ptr()
+
+
+def caching_allocator_delete(mem_ptr):
+    if _RAW.pop(mem_ptr, None) is None:
+        raise RuntimeError(f"invalid device pointer: {mem_ptr:#x}")
+
+
+# ---- what only a card's Philox generator has ---------------------------------------------------------------------
+def _set_rng_state_offset(offset, device="npu"):
+    raise NotImplementedError("torch.npu._set_rng_state_offset is not simulated: the simulated NPU's generator is "
+                              "the CPU's Mersenne Twister, which has no Philox offset (a real card's has)")
+
+
+def _get_rng_state_offset(device="npu"):
+    raise NotImplementedError("torch.npu._get_rng_state_offset is not simulated: the simulated NPU's generator is "
+                              "the CPU's Mersenne Twister, which has no Philox offset (a real card's has)")
+
+
+# ---- the legacy tensor types (torch.npu.FloatTensor, ...) ----------------------------------------------------------
+class _LegacyTensorType(type):
+    """``torch.npu.FloatTensor(2, 3)`` / ``(data)`` makes an npu tensor of that dtype on the current card, and
+    ``isinstance(t, torch.npu.FloatTensor)`` holds for npu tensors of that dtype, as the real types do."""
+
+    def __instancecheck__(cls, obj):
+        return isinstance(obj, torch.Tensor) and obj.device.type == "npu" and obj.dtype == cls.dtype
+
+    def __call__(cls, *args, device=None):
+        where = torch.device("npu", _get_device_index(device, optional=True))
+        if len(args) == 1 and isinstance(args[0], (list, tuple, torch.Tensor)) and not (
+                isinstance(args[0], tuple) and all(isinstance(a, int) for a in args[0])):
+            return torch.as_tensor(args[0], dtype=cls.dtype).to(where)
+        size = args[0] if len(args) == 1 and isinstance(args[0], (tuple, torch.Size)) else args
+        return torch.empty(size, dtype=cls.dtype, device=where)
+
+
+def _legacy(name, dtype):
+    return _LegacyTensorType(name, (), {"dtype": dtype, "is_sparse": False, "__module__": "torch.npu"})
+
+
+FloatTensor = _legacy("FloatTensor", torch.float32)
+DoubleTensor = _legacy("DoubleTensor", torch.float64)
+HalfTensor = _legacy("HalfTensor", torch.float16)
+BFloat16Tensor = _legacy("BFloat16Tensor", torch.bfloat16)
+LongTensor = _legacy("LongTensor", torch.int64)
+IntTensor = _legacy("IntTensor", torch.int32)
+ShortTensor = _legacy("ShortTensor", torch.int16)
+CharTensor = _legacy("CharTensor", torch.int8)
+ByteTensor = _legacy("ByteTensor", torch.uint8)
+BoolTensor = _legacy("BoolTensor", torch.bool)

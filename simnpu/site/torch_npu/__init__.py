@@ -4,6 +4,8 @@
 tell this stand-in from the real torch_npu. It defines only names the real torch_npu 2.9.0.post2
 defines; its machinery lives in the private package ``_simnpu`` beside it.
 """
+__all__ = ["erase_stream"]   # the real one's, less HiFloat8Tensor and matmul_checksum (not simulated)
+
 import os
 import sys
 
@@ -24,8 +26,24 @@ if torch._C._get_accelerator().type not in ("cpu", "privateuseone", "npu"):
 
 __import__("_simnpu._boot")          # build/load the C++ part, register device, hccl, ...
 
+_C = sys.modules["torch_npu._C"] = sys.modules["_simnpu._ops"].c_extension()
+
+import torch_npu.distributed  # noqa: E402,F401
 import torch_npu.npu  # noqa: E402,F401  (binds torch_npu.npu)
+import torch_npu.utils  # noqa: E402,F401
 from torch_npu.version import __version__ as __version__  # noqa: E402
+
+
+# torch.ops.npu operators, bound here as the real torch_npu binds every one of them (_simnpu/_ops.py)
+get_npu_format = torch.ops.npu.get_npu_format
+npu_format_cast = torch.ops.npu.npu_format_cast
+npu_format_cast_ = torch.ops.npu.npu_format_cast_
+empty_with_format = torch.ops.npu.empty_with_format
+npu_prompt_flash_attention = torch.ops.npu.npu_prompt_flash_attention
+
+
+def erase_stream(tensor, stream):
+    """Undo ``tensor.record_stream(stream)``: streams order nothing here (kernels run on the host), so nothing."""
 
 
 def npu_fusion_attention(*args, **kwargs):

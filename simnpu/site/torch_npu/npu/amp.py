@@ -1,7 +1,20 @@
 """``torch.npu.amp`` of the simulated NPU: torch's own autocast and GradScaler for device 'npu'."""
 import torch
 
-__all__ = ["autocast", "GradScaler"]
+__all__ = ["autocast", "GradScaler", "custom_fwd", "custom_bwd"]
+
+
+def custom_fwd(fwd=None, *, cast_inputs=None):
+    """torch.amp.custom_fwd for device "npu" (what the real torch.npu.amp.custom_fwd is)."""
+    import torch  # the module does not bind the name, as the real one
+
+    return torch.amp.custom_fwd(fwd, device_type="npu", cast_inputs=cast_inputs)
+
+
+def custom_bwd(bwd):
+    import torch
+
+    return torch.amp.custom_bwd(bwd, device_type="npu")
 
 
 class autocast(torch.amp.autocast_mode.autocast):
