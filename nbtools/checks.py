@@ -80,7 +80,8 @@ def skipped(check_id: str, reason: str) -> None:
 
 
 NEEDS_PREFIX = "needs:"
-NEEDS = ("npu", "real-npu", "accelerator", "cpu", "cards=N", "network", "deepspeed", "bf16", "param=NAME")
+NEEDS = ("npu", "real-npu", "accelerator", "cpu", "cards=N", "processes=N", "network", "deepspeed", "bf16",
+         "param=NAME")
 
 
 def needs_of(tags) -> list[str]:
@@ -98,6 +99,7 @@ class Here:
     deepspeed: bool = False  # the kernel's interpreter finds deepspeed
     network: bool = False  # beyond the package registries (GitHub, the Hub): NBTOOLS_NETWORK=1 says so
     params_set: frozenset = frozenset()  # parameters given a value other than the notebook's default
+    processes: int = 2  # the notebook's num_processes
 
     def meets(self, need: str) -> bool:
         name, _, arg = need.partition("=")
@@ -105,9 +107,12 @@ class Here:
             return self.kind == "cpu" or self.count >= int(arg)  # a plain CPU host: the CPU route is the honest one
         if name == "param" and arg:
             return arg in self.params_set
+        if name == "processes" and arg.isdigit():
+            return self.processes >= int(arg)
         rules = {"npu": self.kind == "npu", "real-npu": self.kind == "npu" and not self.simulated,
-                 "accelerator": self.kind != "cpu", "cpu": self.kind == "cpu", "network": self.network,
-                 "deepspeed": self.deepspeed, "bf16": self.kind == "cpu" or self.bf16}
+                 "accelerator": self.kind != "cpu", "network": self.network, "deepspeed": self.deepspeed,
+                 "cpu": self.kind == "cpu" or self.count < self.processes,  # the launches take the CPU route here
+                 "bf16": self.kind == "cpu" or self.bf16}
         if need not in rules:
             raise ParameterError(f"unknown tag needs:{need}; known: {', '.join(NEEDS)}")
         return rules[need]

@@ -112,7 +112,8 @@ def here_for(info: DeviceInfo, params: dict, defaults: dict, *, deepspeed: bool,
     """What a notebook run with ``params`` (its ``defaults`` otherwise) may do on ``info``'s machine."""
     kind = "cpu" if params.get("device", defaults.get("device")) == "cpu" else info.kind
     given = frozenset(k for k, v in params.items() if k in defaults and v != defaults[k])
-    return Here(kind, info.count, info.simulated, info.bf16, deepspeed, network, given)
+    processes = params.get("num_processes", defaults.get("num_processes", 2))
+    return Here(kind, info.count, info.simulated, info.bf16, deepspeed, network, given, processes)
 
 
 def finds(python: str, module: str, env: dict | None = None) -> bool:

@@ -24,7 +24,8 @@ CUDA = Here("cuda", 1)
     ("npu", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P}),
     ("real-npu", {ONE_NPU, REAL_NPU}),
     ("accelerator", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}),
-    ("cpu", {CPU}),  # a lesson run on the CPU (no accelerator, or device='cpu'): 08b's CPU-only traps
+    ("cpu", {CPU, ONE_NPU, CUDA}),  # the launches take the CPU route: 2 processes, fewer cards (08b's CPU traps)
+    ("processes=2", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}),  # num_processes >= 2 (default 2)
     ("cards=2", {CPU, SIM_NPU, REAL_NPU, SIM_310P}),  # a plain CPU meets it; one card does not
     ("cards=8", {CPU, REAL_NPU}),
     ("bf16", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, CUDA}),
@@ -69,7 +70,9 @@ def test_here_comes_from_the_probe_and_the_parameters():
     info = from_probe(probe, environ={})
     defaults = {"device": "auto", "accelerate_ref": ""}
     here = here_for(info, {"accelerate_ref": "v1.15.0"}, defaults, deepspeed=True, network=False)
-    assert here == Here("npu", 2, True, False, True, False, frozenset({"accelerate_ref"}))
+    assert here == Here("npu", 2, True, False, True, False, frozenset({"accelerate_ref"}), 2)
+    assert here_for(info, {"num_processes": 1}, {**defaults, "num_processes": 2}, deepspeed=False,
+                    network=False).meets("processes=2") is False
     assert here_for(info, {"device": "cpu"}, defaults, deepspeed=False, network=False).kind == "cpu"
     assert here_for(info, {"accelerate_ref": ""}, defaults, deepspeed=False, network=False).params_set == frozenset()
 
