@@ -38,7 +38,7 @@ from string import Template
 
 import nbformat
 
-from .checks import SEED_CHECKS, VERDICT, Here, Status, check_ids, needs_of
+from .checks import SEED_CHECKS, VERDICT, Here, Status, check_ids
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
@@ -374,11 +374,8 @@ class _Run:
             NotebookResult(path.name, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
                            self.kernels.log_for(path).name, nb_params, failure)
         )
-        source = self.selected.sources[path]
         here = here_for(self.info, self.selected.converted[path], self.selected.declared[path], **self.needs)
-        # a notebook none of whose cells has a needs: tag yet is judged unpinned (while the series is being tagged)
-        pinned = any(needs_of(c.get("metadata", {}).get("tags")) for c in source.cells)
-        self.report.checks.extend(judge_checks(executed, path.name, here=here if pinned else None))
+        self.report.checks.extend(judge_checks(executed, path.name, here=here))  # each verdict held to its needs
         print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
         if error and not self.stopper.signum and not self.info.healthy:
             problem = next(p for p in self.info.problems if p.blocking)
