@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS
+from conftest import NOTEBOOKS, skip_outside_ci
 
 import nbtools
 from nbtools import floors
@@ -82,4 +84,16 @@ def test_the_kernels_own_python_first_on_path_passes(monkeypatch, capsys):
 
 def test_no_python_on_path_fails_with_the_fix(tmp_path, monkeypatch, capsys):
     with pytest.raises(AssertionError, match="终端里没有 `python`"):
+        run_check(monkeypatch, capsys, str(tmp_path))
+
+
+def test_a_real_python_below_the_floor_first_on_path_fails(tmp_path, monkeypatch, capsys):
+    """The same with a real interpreter (CI has python3.9 for tests/test_install.py): `python` -> Python 3.9."""
+    if shutil.which("python3.9") is None:
+        skip_outside_ci("no python3.9 here (CI provides one through pyenv)")
+    real = subprocess.run(["python3.9", "-c", "import sys; print(sys.executable)"], capture_output=True, text=True)
+    if real.returncode != 0:
+        skip_outside_ci(f"python3.9 does not run here: {real.stderr.strip()[-200:]}")
+    (tmp_path / "python").symlink_to(real.stdout.strip())
+    with pytest.raises(AssertionError, match=r"Python 3\.9\.\d+，低于本系列的最低版本"):
         run_check(monkeypatch, capsys, str(tmp_path))
