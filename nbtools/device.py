@@ -185,9 +185,9 @@ def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
     return env, flags, f"{said} 组成真正的 {num_processes} 个 rank 的 gloo 进程组"
 
 
-# An empty torch_npu put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards): torch's autoload
-# calls its `_autoload` (nothing) and Accelerate finds no `torch.npu`, so the card stays out of those ranks.
-EMPTY_TORCH_NPU = "# Hides the NPU from the CPU stand-in's ranks (nbtools.device.hide_cards).\n\n\ndef _autoload():\n    pass\n"
+# A torch_npu that cannot be imported, put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards), with
+# torch's autoload off: torch, Accelerate and DeepSpeed then find no NPU there, so the card stays out of those ranks.
+HIDDEN_TORCH_NPU = 'raise ImportError("torch_npu is hidden from the CPU stand-in\'s ranks (nbtools.device.hide_cards)")\n'
 
 
 def hide_cards(host: str) -> tuple[dict[str, str], str]:
@@ -201,16 +201,16 @@ def hide_cards(host: str) -> tuple[dict[str, str], str]:
     folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
     module = folder / "torch_npu" / "__init__.py"
     try:  # written whole (a rank starting meanwhile never reads half a file)
-        if not module.is_file() or module.read_text(encoding="utf-8") != EMPTY_TORCH_NPU:
+        if not module.is_file() or module.read_text(encoding="utf-8") != HIDDEN_TORCH_NPU:
             module.parent.mkdir(parents=True, exist_ok=True)
-            module.with_suffix(f".{os.getpid()}").write_text(EMPTY_TORCH_NPU, encoding="utf-8")
+            module.with_suffix(f".{os.getpid()}").write_text(HIDDEN_TORCH_NPU, encoding="utf-8")
             os.replace(module.with_suffix(f".{os.getpid()}"), module)
     except OSError:  # no writable cache: a private folder
         folder = Path(tempfile.mkdtemp(prefix="nbtools-hide-npu-"))
         (folder / "torch_npu").mkdir()
-        (folder / "torch_npu" / "__init__.py").write_text(EMPTY_TORCH_NPU, encoding="utf-8")
-    return ({"PYTHONPATH": _in_front(folder, os.environ.get("PYTHONPATH"))},
-            "PYTHONPATH 前面放一个空的 torch_npu，让这些 rank 看不见 NPU")
+        (folder / "torch_npu" / "__init__.py").write_text(HIDDEN_TORCH_NPU, encoding="utf-8")
+    return ({"PYTHONPATH": _in_front(folder, os.environ.get("PYTHONPATH")), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+            "PYTHONPATH 前面放一个导入即失败的 torch_npu（torch 不再自动加载它），让这些 rank 看不见 NPU")
 
 
 @dataclass
