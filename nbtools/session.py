@@ -44,11 +44,16 @@ class Expected:
     where: str  # the host and what it implies, in a sentence
     skip: str = ""  # why a check that needs the cards cannot pass here (fewer cards than ranks); never a pass
 
+    @property
+    def on(self) -> str:
+        """The ranks' devices as a learner reads them: "npu:0、npu:1"; "cpu" once."""
+        return "、".join(dict.fromkeys(self.devices))
+
     def assert_ran(self, output: str) -> None:
         """Fail, saying why, when the ranks in ``output`` report another route than this host's (the CPU stand-in
         where the cards are, another count or backend); each rank's ``rank i of N on DEVICE`` line is compared too."""
         kv = parse_kv(output)  # a CPU is one device: accelerate 1.15 says cpu:0 there, 1.16 cpu
-        ranks = {i: d.split(":")[0] if d.startswith("cpu") else d for i, d in re.findall(r"rank (\d+) of \d+ on ([\w:]+)", output)}
+        ranks = {i: d.split(":")[0] if d.startswith("cpu") else d for i, d in re.findall(r"rank (\d+) of \d+ on ([a-z]+(?::\d+)?)", output)}
         want = {"world": str(self.world), "distributed_type": self.distributed_type, "backend": str(self.backend),
                 "device": self.kind}
         wrong = [f"{k}={kv[k]}（应为 {v}）" for k, v in want.items() if k in kv and kv[k] != v]
