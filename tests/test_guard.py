@@ -124,7 +124,9 @@ def test_each_entry_has_the_runner_timeout_profile_and_image_its_notebook_needs(
         stem = Path(entry["path"]).stem
         assert (Path(ROOT) / entry.get("exec", entry["path"])).is_file(), entry
         code = notebook_code(stem)
-        cards = 2 if "%launch" in code or "npu:1" in code else 1  # ranks on two cards, or a model split over two
+        # ranks on two cards (a %launch that needs N ranks; a learner's own job, `%launch --fit`, fits one card), or a
+        # model split over two
+        cards = 2 if re.search(r"%launch(?! --fit)", code) or "npu:1" in code else 1
         assert entry["runner"] == f"linux-aarch64-a2-{cards}", entry
         if "npu_devices" in entry:  # ascending and one per card of the runner (an unsorted list hides the cards)
             ids = [int(i) for i in str(entry["npu_devices"]).split(",")]
