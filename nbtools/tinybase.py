@@ -44,16 +44,25 @@ def _tokenizer(texts: list[str], arch: str):
     return tokenizer
 
 
-def save_base(out: str, texts: list[str], *, arch: str = "llama", layers: int = 2, kv_heads: int = 4, seed: int = 0,
-              hidden: int = 64, intermediate: int = 128) -> str:
-    """Make and save the folder; returns a one-line summary (vocabulary, parameters)."""
+SHAPE = {"layers": 2, "kv_heads": 4, "hidden": 64, "intermediate": 128}  # save_base's defaults, each overridable
+
+
+def save_base(out: str, texts: list[str], *, arch: str = "llama", seed: int = 0, **shape: int) -> str:
+    """Make and save the folder (``shape``: any of SHAPE's keys); returns a one-line summary (vocabulary,
+    parameters)."""
     import transformers
 
+    from .errors import ParameterError
+
+    if unknown := sorted(set(shape) - set(SHAPE)):
+        raise ParameterError(f"save_base: unknown shape {unknown}; known: {sorted(SHAPE)}")
+    size = {**SHAPE, **shape}
     tokenizer = _tokenizer(texts, arch)
     transformers.set_seed(seed)
     config = getattr(transformers, "LlamaConfig" if arch == "llama" else "Qwen2Config")(
-        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=256, tie_word_embeddings=False,
+        vocab_size=len(tokenizer), hidden_size=size["hidden"], intermediate_size=size["intermediate"],
+        num_hidden_layers=size["layers"], num_attention_heads=4, num_key_value_heads=size["kv_heads"],
+        max_position_embeddings=256, tie_word_embeddings=False,
         initializer_range=0.2,  # transformers' 0.02 leaves a random frozen model too flat for LoRA to steer
         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
     model = transformers.AutoModelForCausalLM.from_config(config)
@@ -67,9 +76,9 @@ def lesson_scripts(lesson: str, *names: str) -> None:
     import nbformat
 
     from .errors import ParameterError
-    from .runner import default_notebooks_dir
 
-    cells = nbformat.read(default_notebooks_dir() / f"{lesson}.ipynb", as_version=4).cells
+    # the series' own notebooks, beside the package (installed with `pip install -e .`)
+    cells = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{lesson}.ipynb", as_version=4).cells
     found = {c.source.split("\n", 1)[0].split()[-1]: c.source.split("\n", 1)[1] for c in cells
              if c.cell_type == "code" and c.source.startswith("%%writefile ")}
     if missing := [n for n in names if n not in found]:

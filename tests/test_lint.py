@@ -40,7 +40,7 @@ PARTS = {
     "core": (0, {"device", "params", "checks", "errors", "expected", "workdir", "proctree", "npusmi", "floors"}),
     "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guard", "ps", "machines", "session", "magics"}),
     "run": (2, {"runner", "kernels", "results", "report", "teacher", "doctor", "bundle"}),
-    "lessons": (2, {"bigmodel", "ranks"}),
+    "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),
     "entry": (3, {"__init__", "__main__"}),
 }
 # The only module that sends signals that stop processes: proctree (the guardian uses its stop loop).
