@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -24,8 +25,6 @@ def _simulate(args) -> None:
         if knobs:
             raise ParameterError(f"{' and '.join(knobs)} describe the simulated NPU: add --simulate-npu")
         return
-    import os
-
     env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC)
     os.environ.update(env)
     prepare_simnpu(env)
@@ -64,6 +63,8 @@ def _cmd_run(args) -> int:
     params = parse_params(args.param)
     notebooks = discover(args.notebooks)
     _simulate(args)
+    if args.network:  # read by the runner and by the kernels' needs
+        os.environ["NBTOOLS_NETWORK"] = "1"
     out = Path(args.output) if args.output else Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S")
     info = detect_for_kernel(args.kernel)  # the kernel's interpreter, not this one, is what the notebooks get
     print(info.summary())
@@ -201,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-p", "--param", action="append", metavar="NAME=VALUE", help="parameter for every notebook declaring it")
     r.add_argument("--keep-work", action="store_true", help="keep the notebooks' work dirs")
     r.add_argument("--bundle", action="store_true", help="also zip the report to send back (as `report --bundle`)")
+    r.add_argument("--network", action="store_true",
+                   help="this machine reaches GitHub and the Hub: checks tagged needs:network are expected to run")
     r.set_defaults(func=_cmd_run)
 
     la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")

@@ -10,7 +10,7 @@
   kernel starts;
 - the device is probed with the kernel's own interpreter (``--kernel``);
 - each check's verdict is held to its ``needs:`` tags weighed against that probe, the parameters given, whether the
-  kernel finds deepspeed and whether the run may use the network (``network=``, else NBTOOLS_NETWORK=1): a pass or a
+  kernel finds deepspeed and whether the run may use the network (NBTOOLS_NETWORK=1, `run --network`): a pass or a
   skip other than expected fails (checks.Here.pinned);
 - kernels run unattended (NBTOOLS_UNATTENDED=1), write UTF-8 whatever the locale, talk over
   IPC sockets, and log into ``<notebook>.kernel.log`` in the output dir, not the terminal; each
@@ -436,21 +436,20 @@ def run_notebooks(
     timeout: float | None = 1800,
     keep_work: bool = False,
     info: DeviceInfo | None = None,
-    network: bool | None = None,
 ) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
     of that notebook's default. Every conversion is checked before the first kernel starts.
-    Progress goes to stdout (redirect it to silence the run). ``network``: the run may reach beyond the
-    package registries (default: NBTOOLS_NETWORK=1 says so); checks tagged ``needs:network`` are expected to skip
-    without it.
+    Progress goes to stdout (redirect it to silence the run). The run may reach beyond the package
+    registries only when NBTOOLS_NETWORK=1 says so (`run --network`); checks tagged ``needs:network`` are expected to
+    skip without it.
     """
     selected = _Notebooks.read(notebooks, dict(parameters or {}))
     info = info or detect_for_kernel(kernel)
     exe, env = kernel_python(kernel)
     needs = {"deepspeed": finds(exe, "deepspeed", {**os.environ, **env}),
-             "network": os.environ.get("NBTOOLS_NETWORK") == "1" if network is None else network}
+             "network": os.environ.get("NBTOOLS_NETWORK") == "1"}
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(
