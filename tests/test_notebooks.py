@@ -45,17 +45,12 @@ def series_report():
 
 
 def _save_tiny_llama(path: Path) -> None:
-    """A model folder for 07's `model_id` path (from_pretrained, no network), made by 07's own make_base.py over
-    its make_data.py's data, with 3 layers and grouped-query attention (2 KV heads for 4 query heads), so the LoRA
-    count it derives for k_proj / v_proj differs from q_proj's."""
-    nb = nbformat.read(os.path.join(NOTEBOOKS, "07_lora_finetune.ipynb"), as_version=4)
-    for cell in nb.cells:
-        first, _, body = cell.source.partition("\n")
-        if first.startswith("%%writefile make_"):
-            (path / first.split()[1]).write_text(body)
-    run = dict(cwd=path, check=True, capture_output=True, timeout=300)
-    subprocess.run([sys.executable, "make_data.py", "--out", "data"], **run)
-    subprocess.run([sys.executable, "make_base.py", "--out", "model", "--data", "data", "--layers", "3", "--kv_heads", "2"], **run)
+    """A model folder for 07's `model_id` path (from_pretrained, no network), made by `nbtools.tinybase` over 07's
+    questions, with 3 layers and grouped-query attention (2 KV heads for 4 query heads), so the LoRA count 07 derives
+    for k_proj / v_proj differs from q_proj's."""
+    from test_own_job import tiny_model
+
+    tiny_model(path / "model", arch="llama", layers=3, kv_heads=2)
 
 
 @pytest.fixture(scope="module")
