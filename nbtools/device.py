@@ -185,9 +185,25 @@ def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
     return env, flags, f"{said} 组成真正的 {num_processes} 个 rank 的 gloo 进程组"
 
 
-# A torch_npu that cannot be imported, put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards), with
-# torch's autoload off: torch, Accelerate and DeepSpeed then find no NPU there, so the card stays out of those ranks.
-HIDDEN_TORCH_NPU = 'raise ImportError("torch_npu is hidden from the CPU stand-in\'s ranks (nbtools.device.hide_cards)")\n'
+# Put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards), with torch's autoload off: a
+# sitecustomize that marks torch_npu absent (None in sys.modules: importlib.util.find_spec answers None, as where it is
+# not installed, so transformers, PEFT, Accelerate and DeepSpeed find no NPU and never import it), and a torch_npu that
+# cannot be imported where sitecustomize does not run (python -S).
+HIDDEN = {
+    "sitecustomize.py": 'import sys\n\nsys.modules["torch_npu"] = None  # hidden from the CPU stand-in\'s ranks '
+                        '(nbtools.device.hide_cards)\n',
+    "torch_npu/__init__.py": 'raise ImportError("torch_npu is hidden from the CPU stand-in\'s ranks '
+                             '(nbtools.device.hide_cards)")\n',
+}
+
+
+def _write_hidden(folder: Path) -> None:
+    for name, text in HIDDEN.items():  # each written whole (a rank starting meanwhile never reads half a file)
+        path = folder / name
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.with_suffix(f".{os.getpid()}").write_text(text, encoding="utf-8")
+            os.replace(path.with_suffix(f".{os.getpid()}"), path)
 
 
 def hide_cards(host: str) -> tuple[dict[str, str], str]:
@@ -199,18 +215,13 @@ def hide_cards(host: str) -> tuple[dict[str, str], str]:
     if host != "npu":
         return {}, ""
     folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
-    module = folder / "torch_npu" / "__init__.py"
-    try:  # written whole (a rank starting meanwhile never reads half a file)
-        if not module.is_file() or module.read_text(encoding="utf-8") != HIDDEN_TORCH_NPU:
-            module.parent.mkdir(parents=True, exist_ok=True)
-            module.with_suffix(f".{os.getpid()}").write_text(HIDDEN_TORCH_NPU, encoding="utf-8")
-            os.replace(module.with_suffix(f".{os.getpid()}"), module)
+    try:
+        _write_hidden(folder)
     except OSError:  # no writable cache: a private folder
         folder = Path(tempfile.mkdtemp(prefix="nbtools-hide-npu-"))
-        (folder / "torch_npu").mkdir()
-        (folder / "torch_npu" / "__init__.py").write_text(HIDDEN_TORCH_NPU, encoding="utf-8")
+        _write_hidden(folder)
     return ({"PYTHONPATH": _in_front(folder, os.environ.get("PYTHONPATH")), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-            "PYTHONPATH 前面放一个导入即失败的 torch_npu（torch 不再自动加载它），让这些 rank 看不见 NPU")
+            "PYTHONPATH 前面放一个让 torch_npu 显得没有安装、导入即失败的 sitecustomize（torch 不再自动加载它），让这些 rank 看不见 NPU")
 
 
 @dataclass

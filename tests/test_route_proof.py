@@ -152,7 +152,9 @@ def test_the_stand_ins_ranks_are_kept_off_the_cards(tmp_path):
     for plan in (info(NPU1).plan(2), info(NPU2).plan(2, "cpu")):
         folder = plan.env["PYTHONPATH"].split(os.pathsep)[0]
         assert "raise ImportError" in open(os.path.join(folder, "torch_npu", "__init__.py")).read()
-        assert plan.env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0" and "导入即失败的 torch_npu" in "；".join(plan.why) and plan.env["ACCELERATE_USE_CPU"] == "1"
+        assert 'sys.modules["torch_npu"] = None' in open(os.path.join(folder, "sitecustomize.py")).read()
+        assert plan.env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0" and "导入即失败" in "；".join(plan.why)
+        assert plan.env["ACCELERATE_USE_CPU"] == "1"
     assert "PYTHONPATH" not in info(NPU2).plan(2).env and "PYTHONPATH" not in info(NPU1).plan(1).env
     assert info(NPU1).plan(2, fit=True).env == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
 
@@ -164,11 +166,13 @@ def test_with_the_npu_hidden_a_rank_sees_no_accelerator(tmp_path):
     env = {**os.environ, **device.environment(cards=1)}
     empty = info(NPU1).plan(2).env["PYTHONPATH"].split(os.pathsep)[0]  # in front of this environment's PYTHONPATH
     hidden = {"PYTHONPATH": os.pathsep.join([empty, env["PYTHONPATH"]]), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
+    # transformers and PEFT ask find_spec and then import torch_npu (07b's ranks import a PEFT model): hidden, it is absent
     program = ("import torch, accelerate.utils as u; from deepspeed.accelerator import get_accelerator as g; "
-               "print(torch._C._get_accelerator().type, hasattr(torch, 'npu'), u.is_npu_available(), g()._name)")
+               "from transformers.utils import is_torch_npu_available as t; import peft; "
+               "print(torch._C._get_accelerator().type, hasattr(torch, 'npu'), u.is_npu_available(), g()._name, t())")
     seen = [subprocess.run([sys.executable, "-c", program], env={**env, **extra}, capture_output=True, text=True,
                            timeout=300).stdout.splitlines()[-1].split() for extra in ({}, hidden)]
-    assert seen == [["npu", "True", "True", "npu"], ["cpu", "False", "False", "cpu"]], seen
+    assert seen == [["npu", "True", "True", "npu", "True"], ["cpu", "False", "False", "cpu", "False"]], seen
 
 
 def _floor_python() -> str | None:

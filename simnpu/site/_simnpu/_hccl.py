@@ -196,19 +196,15 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         if work is not h:
             h.copy_(work)
 
-    def allreduce(self, ts, opts=None):
+    def allreduce(self, ts, opts=None, fname="allreduce"):
         op = opts.reduceOp if opts is not None else R.SUM
-        _check_reduce("allreduce", ts, op, casts_bytes=True)
+        _check_reduce(fname, ts, op, casts_bytes=True)
         for t in ts:
             self._allreduce_one(t, op)
         return _done(list(ts))
 
     def allreduce_coalesced(self, ts, opts=None):
-        op = opts.reduceOp if opts is not None else R.SUM
-        _check_reduce("allreduce_coalesced", ts, op, casts_bytes=True)
-        for t in ts:
-            self._allreduce_one(t, op)
-        return _done(list(ts))
+        return self.allreduce(ts, opts, "allreduce_coalesced")
 
     def reduce(self, ts, opts):
         _check_reduce("reduce", ts, opts.reduceOp, casts_bytes=True)
