@@ -206,6 +206,11 @@ def _write_hidden(folder: Path) -> None:
             os.replace(path.with_suffix(f".{os.getpid()}"), path)
 
 
+def listed_ids(value: str | None) -> list[str]:
+    """The card numbers a visibility variable's value lists (ASCEND_RT_VISIBLE_DEVICES=0,1 -> ["0", "1"])."""
+    return [x.strip() for x in (value or "").split(",") if x.strip()]
+
+
 def hide_cards(host: str) -> tuple[dict[str, str], str]:
     """(variables, what they do) that hide a ``host`` kind's cards from ranks run on its CPU. The cause: accelerate
     1.15's ``wait_for_everyone`` passes ``device_ids`` on MULTI_CPU too, and torch then builds that barrier on the
@@ -258,8 +263,7 @@ class DeviceInfo:
 
     def visible_ids(self) -> list[str]:
         """The card numbers this process may use, as the visibility variable lists them, else 0..count-1."""
-        listed = [x.strip() for x in (self.visible_devices or "").split(",") if x.strip()]
-        return listed or [str(i) for i in range(self.count)]
+        return listed_ids(self.visible_devices) or [str(i) for i in range(self.count)]
 
     def plan(self, num_processes: int = 2, device: str = "auto", fit: bool = False) -> LaunchPlan:
         """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).

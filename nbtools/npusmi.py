@@ -173,7 +173,9 @@ def cards_seen(kind: str, environ=None, dev: str = "/dev") -> int:
     var, stem, tool = {"npu": ("ASCEND_RT_VISIBLE_DEVICES", "davinci", ["npu-smi", "info"]),
                        "cuda": ("CUDA_VISIBLE_DEVICES", "nvidia", ["nvidia-smi", "-L"])}[kind]
     if environ.get(var) is not None:
-        return len([x for x in environ[var].split(",") if x.strip()])
+        from .device import listed_ids  # the one reading of a visibility variable
+
+        return len(listed_ids(environ[var]))
     if files := [p for p in Path(dev).glob(stem + "*") if p.name[len(stem):].isdigit()]:
         return len(files)
     if (exe := shutil.which(tool[0], path=environ.get("PATH"))) is None:

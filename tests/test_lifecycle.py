@@ -341,7 +341,7 @@ def test_background_launch_is_stopped_by_close_or_restart(kernel, tmp_path, how)
 def test_background_is_a_launch_option_only():
     from nbtools.magics import run_written
 
-    with pytest.raises(nbtools.ParameterError, match="--background is a %launch option"):
+    with pytest.raises(nbtools.ParameterError, match="--background and --fit are %launch options"):
         run_written("--background python -c pass")
 
 
