@@ -56,6 +56,7 @@ class Expected:
         ranks = {i: d.split(":")[0] if d.startswith("cpu") else d for i, d in re.findall(r"rank (\d+) of \d+ on ([a-z]+(?::\d+)?)", output)}
         want = {"world": str(self.world), "distributed_type": self.distributed_type, "backend": str(self.backend),
                 "device": self.kind}
+        assert ranks or want.keys() & kv.keys(), f"输出里没有 rank 报告的 {'、'.join(want)}：没有可以比较的内容"
         wrong = [f"{k}={kv[k]}（应为 {v}）" for k, v in want.items() if k in kv and kv[k] != v]
         if ranks and ranks != {str(i): d for i, d in enumerate(self.devices)}:
             wrong.append(f"各 rank 的设备 {ranks}（应为 {list(self.devices)}）")
