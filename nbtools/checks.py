@@ -3,8 +3,10 @@
 Tag scheme (documented in README): an assertion cell carries the cell tag
 ``check:<id>`` (e.g. ``check:acc-launch``). It runs plain ``assert`` statements and
 ends with ``passed("<id>")``; a check that cannot run here calls
-``skipped("<id>", "<reason>")`` instead. The runner reads the executed notebook:
-an error in the cell -> failed; a verdict line -> passed / skipped; no verdict, or the
+``skipped("<id>", "<reason>")`` instead. In a kernel, each displays its verdict as data (``VERDICT_MIME``:
+``{"check", "status", "reason"}``) with the line a reader sees beside it (``text/plain``: ``[check] PASSED <id> --
+<detail>``); elsewhere (a script, a test) it prints that line. The runner reads the executed notebook: an error in
+the cell -> failed; the cell's verdict for its id -> passed / skipped; no verdict (a printed line is none), or the
 cell never ran -> failed. The exceptions are in errors.py, the expected-block rules in expected.py.
 
 Each check cell also carries one ``needs:<need>`` tag per condition under which it can run (none: it passes
@@ -15,6 +17,7 @@ every need is met, else ``skipped``, and fails a check whose verdict differs (``
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from enum import Enum
 
@@ -59,7 +62,8 @@ SEED_CHECKS = (
     "acc-dispatch",
 )
 TAG_PREFIX = "check:"
-VERDICT = re.compile(r"^\[check\] (PASSED|SKIPPED) (\S+)(?: -- (.*))?$", re.MULTILINE)
+VERDICT_MIME = "application/vnd.nbtools.verdict+json"  # a check cell's verdict, as the runner reads it
+VERDICT = re.compile(r"^\[check\] (PASSED|SKIPPED) (\S+)(?: -- (.*))?$", re.MULTILINE)  # the line a reader sees
 
 
 def check_ids(tags, prefix: str = TAG_PREFIX) -> list[str]:
@@ -67,16 +71,37 @@ def check_ids(tags, prefix: str = TAG_PREFIX) -> list[str]:
     return [t[len(prefix):] for t in tags or () if isinstance(t, str) and t.startswith(prefix)]
 
 
+def _verdict(check_id: str, status: Status, reason: str) -> None:
+    """Display the verdict as data with its line beside it in a kernel (IPython 8 and 9: ``raw=True``), else print
+    the line."""
+    line = f"[check] {status.name} {check_id}" + (f" -- {reason}" if reason else "")
+    shell = sys.modules["IPython"].get_ipython() if "IPython" in sys.modules else None
+    if shell is None:
+        print(line)
+        return
+    from IPython.display import display
+
+    display({VERDICT_MIME: {"check": check_id, "status": status.value, "reason": reason}, "text/plain": line}, raw=True)
+
+
 def passed(check_id: str, detail: str = "") -> None:
-    """Print the verdict line of a check whose assertions all held (call it last in the cell)."""
-    print(f"[check] PASSED {check_id}" + (f" -- {detail}" if detail else ""))
+    """Give the verdict of a check whose assertions all held (call it last in the cell)."""
+    _verdict(check_id, Status.PASSED, detail)
 
 
 def skipped(check_id: str, reason: str) -> None:
-    """Print the verdict line of a check that cannot run here, with the reason recorded in the report."""
+    """Give the verdict of a check that cannot run here, with the reason recorded in the report."""
     if not reason or not reason.strip():
         raise ParameterError(f"skipped({check_id!r}, ...): a skip needs its reason, recorded in the report")
-    print(f"[check] SKIPPED {check_id} -- {reason}")
+    _verdict(check_id, Status.SKIPPED, reason)
+
+
+def verdict_in(outputs, check_id: str) -> tuple[Status, str] | None:
+    """(status, reason) of the first verdict for ``check_id`` a cell displayed (``VERDICT_MIME``), None if none."""
+    for v in (o["data"][VERDICT_MIME] for o in outputs or () if VERDICT_MIME in o.get("data", {})):
+        if isinstance(v, dict) and v.get("check") == check_id and v.get("status") in (Status.PASSED, Status.SKIPPED):
+            return Status(v["status"]), str(v.get("reason") or "")
+    return None
 
 
 NEEDS_PREFIX = "needs:"

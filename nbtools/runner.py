@@ -38,7 +38,7 @@ from string import Template
 
 import nbformat
 
-from .checks import SEED_CHECKS, VERDICT, Here, Status, check_ids
+from .checks import SEED_CHECKS, Here, Status, check_ids, verdict_in
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
@@ -75,6 +75,7 @@ def discover(paths: list[str] | None = None) -> list[Path]:
 
 
 NOT_REACHED = "没有运行：笔记本在这个单元格之前就停了"
+NO_VERDICT = "检查单元格没有给出 {} 的判定：要调用 nbtools.passed 或 nbtools.skipped，打印出来的文字不算"
 
 
 def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]:
@@ -87,12 +88,7 @@ def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]
         return Status.FAILED, f"{e.get('ename', 'Error')}: {value}".strip()
     if cell.get("execution_count") is None and not outputs:
         return Status.FAILED, NOT_REACHED
-    # stdout only: a stderr chunk without a newline (tqdm's '\r' progress) must not glue onto the verdict
-    text = "".join(o.get("text", "") for o in outputs if o.get("output_type") == "stream" and o.get("name") == "stdout")
-    for status, cid, reason in VERDICT.findall(text):
-        if cid == check_id:
-            return Status[status], reason  # the verdict line's PASSED / SKIPPED
-    return Status.FAILED, "检查单元格没有打印判定行"
+    return verdict_in(outputs, check_id) or (Status.FAILED, NO_VERDICT.format(check_id))
 
 
 def judge_checks(nb, notebook_name: str, full: bool = False, here: Here | None = None) -> list[CheckResult]:

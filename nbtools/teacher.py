@@ -6,7 +6,7 @@ metadata; kernelspec `python3`; exactly one `parameters` cell; `import nbtools` 
 its collapsed hint and answer (`<summary>提示</summary>`, `<summary>答案</summary>`) and an empty code cell
 below it; at most 10,000 characters of prose outside those folded blocks; no `!cmd` / `%pip` / `%%bash` (their failures
 do not fail a run: use `%cmd` or nbtools.run_command); every quick-start check id tagged (`check:<id>`)
-on exactly one code cell across the series, and that cell prints its verdict with passed()/skipped();
+on exactly one code cell across the series, and that cell gives its verdict with passed()/skipped();
 an assertion message, an output label or a check id quoted in backticks in the prose (answers included) is
 one that a code cell of the series or nbtools itself produces.
 

@@ -14,6 +14,7 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from nbtools import report as report_module
+from nbtools.checks import VERDICT_MIME
 from nbtools.report import write_all
 from nbtools.results import CheckResult, NotebookResult, RunReport
 
@@ -106,7 +107,9 @@ def executed_notebook(path: Path) -> nbformat.NotebookNode:
             new_output("stream", name="stderr", text="a warning on stderr\n"),
         ]),
         new_code_cell("nbtools.passed('check-py')", execution_count=2, metadata={"tags": ["check:check-py"]},
-                      outputs=[new_output("stream", name="stdout", text="[check] PASSED check-py -- Python 3.11.7\n")]),
+                      outputs=[new_output("display_data", data={  # as passed() displays it in a kernel
+                          VERDICT_MIME: {"check": "check-py", "status": "passed", "reason": "Python 3.11.7"},
+                          "text/plain": "[check] PASSED check-py -- Python 3.11.7"})]),
         new_code_cell("assert 1 == 2", execution_count=3, metadata={"tags": ["check:acc-env"]},
                       outputs=[new_output("error", ename="AssertionError", evalue="1 != 2",
                                           traceback=["AssertionError"])]),

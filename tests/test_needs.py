@@ -8,9 +8,9 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
-from nbtools.checks import NEEDS, Here, Status, check_ids, needs_of
+from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, needs_of, verdict_in
 from nbtools.device import from_probe
-from nbtools.runner import here_for, judge_checks
+from nbtools.runner import NO_VERDICT, here_for, judge_checks
 
 CPU = Here("cpu")
 SIM_NPU = Here("npu", 2, simulated=True)
@@ -77,16 +77,36 @@ def test_here_comes_from_the_probe_and_the_parameters():
     assert here_for(info, {"accelerate_ref": ""}, defaults, deepspeed=False, network=False).params_set == frozenset()
 
 
+def shown(cid: str, status: str, reason: str = "") -> nbformat.NotebookNode:
+    """The output passed()/skipped() display in a kernel (test_runner's series holds the real one to this)."""
+    line = f"[check] {status.upper()} {cid}" + (f" -- {reason}" if reason else "")
+    return nbformat.v4.new_output("display_data", data={VERDICT_MIME: {"check": cid, "status": status, "reason": reason},
+                                                        "text/plain": line})
+
+
 def test_judge_checks_pins_a_notebook_where_it_is_given_here(tmp_path):
     nb = nbformat.v4.new_notebook()
-    for cid, needs, line in [("a", [], "[check] PASSED a"), ("b", ["needs:npu"], "[check] SKIPPED b -- 只在 NPU 上检查"),
-                             ("c", [], "[check] SKIPPED c -- 只在 NPU 上检查")]:
-        cell = nbformat.v4.new_code_cell("", metadata={"tags": [f"check:{cid}", *needs]}, execution_count=1)
-        cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text=line + "\n")]
-        nb.cells.append(cell)
+    for cid, needs, out in [("a", [], shown("a", "passed")), ("b", ["needs:npu"], shown("b", "skipped", "只在 NPU 上检查")),
+                            ("c", [], shown("c", "skipped", "只在 NPU 上检查"))]:
+        nb.cells.append(nbformat.v4.new_code_cell("", metadata={"tags": [f"check:{cid}", *needs]}, execution_count=1,
+                                                  outputs=[out]))
     assert [c.status for c in judge_checks(nb, "x.ipynb")] == ["passed", "skipped", "skipped"]
     assert [c.status for c in judge_checks(nb, "x.ipynb", here=CPU)] == ["passed", "skipped", "failed"]
     assert [c.status for c in judge_checks(nb, "x.ipynb", here=SIM_NPU)] == ["passed", "failed", "failed"]
+
+
+@pytest.mark.parametrize("outputs, want", [
+    ([shown("a", "skipped", "原因")], (Status.SKIPPED, "原因")),
+    ([shown("b", "passed"), shown("a", "passed", "x")], (Status.PASSED, "x")),  # the cell's own id, among others
+    ([nbformat.v4.new_output("stream", name="stdout", text="[check] PASSED a -- 只是打印\n")], None),  # a line is no verdict
+    ([shown("b", "passed")], None),  # another check's verdict
+    ([shown("a", "failed", "?")], None),  # a status passed()/skipped() never give
+])
+def test_a_verdict_is_the_displayed_data_for_the_cells_own_id(outputs, want):
+    assert verdict_in(outputs, "a") == want
+    cell = nbformat.v4.new_code_cell("", metadata={"tags": ["check:a"]}, execution_count=1, outputs=outputs)
+    (got,) = judge_checks(nbformat.v4.new_notebook(cells=[cell]), "x.ipynb")
+    assert (got.status, got.reason) == (want or (Status.FAILED, NO_VERDICT.format("a")))
 
 
 def test_every_needs_tag_of_the_series_is_in_the_vocabulary():

@@ -20,10 +20,11 @@ from conftest import RESULT_SCHEMA, processes_mentioning, skip_outside_ci  # CI'
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools import ParameterError, detect
-from nbtools.checks import SEED_CHECKS
+from nbtools.checks import SEED_CHECKS, VERDICT_MIME
 from nbtools.device import CACHE_ENV
 from nbtools.params import convert_parameter, parse_params
 from nbtools.report import UNKNOWN
+from nbtools.runner import NO_VERDICT
 
 
 def make_nb(path: Path, cells: list[tuple[str, list[str]]]) -> Path:
@@ -81,6 +82,9 @@ def series(tmp_path_factory):
             ("nbtools.skipped('extra-skips-wrongly', '只在 NPU 上检查：演示')", ["check:extra-skips-wrongly"]),
             ("nbtools.passed('extra-passes-wrongly')", ["check:extra-passes-wrongly", "needs:npu"]),
             ("print('no verdict here')", ["check:extra-silent"]),
+            # a verdict is data the cell displays: a printed line that looks like one, or another check's, is none
+            ("print('[check] PASSED extra-printed -- 只是打印的一行')", ["check:extra-printed"]),
+            ("nbtools.passed('extra-other-id', 'ok')", ["check:extra-wrong-id"]),
             # tqdm-like progress on stderr, no newline, then the verdict on stdout
             ("import sys, time\nsys.stderr.write(' 50%|#####     | 5/10\\r')\nsys.stderr.flush()\ntime.sleep(0.3)\n"
              "nbtools.passed('extra-stderr', 'after a progress bar')", ["check:extra-stderr"]),
@@ -151,7 +155,9 @@ def test_check_statuses(series):
         "id": "acc-install-source", "status": "skipped", "notebook": "00_good.ipynb",
         "reason": "needs the network", "seed": True,
     }
-    assert by["extra-silent"]["status"] == "failed" and "没有打印判定行" in by["extra-silent"]["reason"]
+    for cid in ("extra-silent", "extra-printed", "extra-wrong-id"):
+        assert (by[cid]["status"], by[cid]["reason"]) == ("failed", NO_VERDICT.format(cid)), by[cid]
+    assert "extra-other-id" not in by  # a verdict counts for the id its cell is tagged with, nowhere else
     assert by["acc-launch"]["status"] == "failed" and "AssertionError" in by["acc-launch"]["reason"]
     assert by["acc-prepare"]["status"] == "failed" and "没有运行" in by["acc-prepare"]["reason"]
     assert by["acc-env"]["status"] == "failed"
@@ -165,12 +171,15 @@ def test_check_statuses(series):
     assert by["acc-dispatch"]["status"] == "missing"
 
 
-def test_verdict_is_read_from_stdout_only(series):
-    """A stderr chunk without a newline (tqdm's '\\r') sits between the cell's outputs; the verdict still counts."""
+def test_the_verdict_is_the_cells_displayed_data_beside_the_line_a_reader_sees(series):
+    """passed() in a kernel displays its verdict as VERDICT_MIME data with the printed line as text/plain; a stderr
+    chunk without a newline (tqdm's '\\r') before it changes nothing."""
     _, out, _, report = series
     nb = nbformat.read(out / "00_good.ipynb", as_version=4)
     (cell,) = [c for c in nb.cells if "check:extra-stderr" in c.metadata.get("tags", [])]
-    assert [o.get("name") for o in cell.outputs] == ["stderr", "stdout"], cell.outputs  # the case is real
+    assert [o.output_type for o in cell.outputs] == ["stream", "display_data"], cell.outputs  # the case is real
+    assert cell.outputs[1].data == {VERDICT_MIME: {"check": "extra-stderr", "status": "passed", "reason": "after a progress bar"},
+                                    "text/plain": "[check] PASSED extra-stderr -- after a progress bar"}
     by = {c["id"]: c for c in report["checks"]}
     assert by["extra-stderr"]["status"] == "passed" and by["extra-stderr"]["reason"] == "after a progress bar"
 
@@ -226,12 +235,13 @@ def test_report_files(series):
 
 def test_junit_counts_match_report_json_and_the_cli(series):
     """The counts the fixture was built to give: 00 passes, 01 fails a check, 02 exits early; check-py and
-    extra-stderr pass, acc-install-source skips, extra-silent (no verdict), acc-launch (its assertion),
+    extra-stderr pass, acc-install-source skips, extra-silent, extra-printed and extra-wrong-id (no verdict for their
+    id), acc-launch (its assertion),
     acc-prepare and acc-env (never ran) fail, extra-skips-wrongly and extra-passes-wrongly fail their needs: tags
     (on a host without an NPU), and the seed ids no notebook claims are missing."""
     _, out, proc, report = series
     missing = len(set(SEED_CHECKS) - {"check-py", "acc-install-source", "acc-launch", "acc-prepare", "acc-env"})
-    expected = {"tests": 3 + 9 + missing, "failures": 2 + 6 + missing, "skipped": 1}
+    expected = {"tests": 3 + 11 + missing, "failures": 2 + 8 + missing, "skipped": 1}
     suite = ET.parse(out / "junit.xml").getroot()
     cases = suite.findall("testcase")
     assert {k: int(suite.get(k)) for k in expected} == expected == report["summary"]["junit"]
@@ -239,7 +249,7 @@ def test_junit_counts_match_report_json_and_the_cli(series):
     assert len([c for c in cases if c.find("failure") is not None]) == expected["failures"]
     assert len([c for c in cases if c.find("skipped") is not None]) == expected["skipped"]
     (said,) = [line for line in proc.stdout.splitlines() if line.startswith("FAILED: ")]
-    for part in ("2 passed", "1 skipped", "6 failed", f"{missing} missing", "checks; 1/3 notebooks passed"):
+    for part in ("2 passed", "1 skipped", "8 failed", f"{missing} missing", "checks; 1/3 notebooks passed"):
         assert part in said, said
 
 
