@@ -75,7 +75,7 @@ def discover(paths: list[str] | None = None) -> list[Path]:
 
 
 NOT_REACHED = "没有运行：笔记本在这个单元格之前就停了"
-NO_VERDICT = "检查单元格没有给出 {} 的判定：要调用 nbtools.passed 或 nbtools.skipped，打印出来的文字不算"
+NO_VERDICT = "检查单元格没有打印判定行：{} 的判定要由 nbtools.passed 或 nbtools.skipped 给出，print 出来的文字不算"
 
 
 def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]:
