@@ -7,6 +7,8 @@ and model FLOPs utilisation where a card's published peak is known.
   ``ASCEND_PROFILER_OUTPUT/trace_view.json``), the complete events summed per name, and the ``ProfilerStep#N`` seen.
 - ``PEAK_TFLOPS`` / ``peak_tflops``: dense peaks from the vendors' datasheets, by device name; none for Ascend
   (no per-SKU figure is published that we could cite) or the CPU: the notebook then takes the learner's figure.
+- ``attention_outcome``: what building a model with an attention implementation and one forward pass gives here
+  (08b: ``flash_attention_2`` against ``sdpa``).
 """
 
 from __future__ import annotations
@@ -75,3 +77,19 @@ def top_ops(trace: Path, n: int = 8) -> list[tuple[str, float]]:
 def peak_tflops(name: str, precision: str) -> float | None:
     """The published dense peak of the card called ``name`` for ``precision`` ('no' = fp32), or None if unknown."""
     return next((p.get(precision) for prefix, p in PEAK_TFLOPS.items() if name.startswith(prefix)), None)
+
+
+def attention_outcome(model, implementation: str, device: str) -> str:
+    """``model``'s class rebuilt from its config with ``implementation`` and one forward pass on ``device``: "runs",
+    or the error a learner would see (older transformers accept the name and fail at the first forward pass)."""
+    import copy
+
+    import torch
+
+    try:
+        rebuilt = type(model)._from_config(copy.deepcopy(model.config), attn_implementation=implementation)
+        with torch.no_grad():
+            rebuilt.to(device)(input_ids=torch.tensor([[1, 2, 3]], device=device))
+        return "runs"
+    except Exception as exc:
+        return f"{type(exc).__name__}: {str(exc)[:120]}"
