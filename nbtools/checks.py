@@ -16,7 +16,6 @@ every need is met, else ``skipped``, and fails a check whose verdict differs (``
 
 from __future__ import annotations
 
-import re
 import sys
 from dataclasses import dataclass
 from enum import Enum
@@ -63,7 +62,6 @@ SEED_CHECKS = (
 )
 TAG_PREFIX = "check:"
 VERDICT_MIME = "application/vnd.nbtools.verdict+json"  # a check cell's verdict, as the runner reads it
-VERDICT = re.compile(r"^\[check\] (PASSED|SKIPPED) (\S+)(?: -- (.*))?$", re.MULTILINE)  # the line a reader sees
 
 
 def check_ids(tags, prefix: str = TAG_PREFIX) -> list[str]:
