@@ -132,7 +132,7 @@ def defaults(path: Path) -> dict:
     return {k: v for k, v in parameter_defaults(path).items() if v is not NO_DEFAULT}
 
 
-def terminal_line(kind: str, text: str, info, device: str, num_processes: int, cwd: Path) -> str | None:
+def terminal_line(kind: str, text: str, info, device: str, cwd: Path) -> str | None:
     """The command line a cell prints for ``%cmd``/``%launch`` ``text`` (``$ ...``, or ``# runs here as:``
     when this machine needs another): what a learner pastes into a terminal. None: not on this machine."""
     if kind == "cmd":
@@ -141,7 +141,7 @@ def terminal_line(kind: str, text: str, info, device: str, num_processes: int, c
         except commands.CommandNotHere:  # npu-smi off an Ascend host: the notebook skips it too
             return None
         return commands.shell_line(real.argv, real.env)
-    call = commands.parse_launch(text, default_processes=num_processes)
+    call = commands.parse_launch(text)  # the count not written: the session's (launch_spec, the normaliser)
     spec = launch_spec(call, info=info, device=device, timeout=None, cwd=cwd)  # writes the --config_file it names
     return spec.shown(spec.next_port())
 
@@ -166,7 +166,7 @@ def run_bare(path: Path, log=print) -> dict:
         session = nbtools.setup(**{k: params[k] for k in ("device", "num_processes", "timeout_s") if k in params},
                                 work_dir=work)
     os.chdir(origin)
-    device, num_processes, info = params.get("device", "auto"), session.num_processes, session.info
+    device, info = params.get("device", "auto"), session.info
     namespace = dict(params, S=session)
     folder = Path(session.work)
     timings, reruns, failed = [], 0, []
@@ -176,7 +176,7 @@ def run_bare(path: Path, log=print) -> dict:
         if kind == "write":
             (folder / magics.expand_fields(arg, namespace)).write_text(body + "\n")
             continue
-        line = terminal_line(kind, magics.expand_fields(f"{arg} {body}".strip(), namespace), info, device, num_processes, folder)
+        line = terminal_line(kind, magics.expand_fields(f"{arg} {body}".strip(), namespace), info, device, folder)
         if line is None:
             continue
         for attempt in range(3):
@@ -315,17 +315,21 @@ def _timed(cmd: list[str], env: dict | None = None, timeout: float = 600) -> flo
     return time.monotonic() - start
 
 
+def _spec_env(spec) -> dict:
+    """This environment with the variables of the launch ``spec`` (the normaliser's; None: removed)."""
+    return {k: v for k, v in {**os.environ, **spec.run_env(), "PYTHONUNBUFFERED": "1"}.items() if v is not None}
+
+
 def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     script = scratch / "tiny_launch.py"
     script.write_text(TINY)
-    plan = nbtools.detect().plan(2)
-    env = dict(os.environ, **plan.env, PYTHONUNBUFFERED="1")
-    plain_cmd = [commands.executable("accelerate"), "launch", *plan.flags, "--mixed_precision", "no"]
-    ours_cmd = [sys.executable, "-m", "nbtools", "launch", "--num-processes", "2", str(script)]
+    spec = launch_spec(commands.LaunchCall.of(script), timeout=None, cwd=scratch)  # the launch nbtools runs
+    env = _spec_env(spec)
+    ours_cmd = [sys.executable, "-m", "nbtools", "launch", str(script)]  # the same count: the one default
     _timed(ours_cmd)  # fills the probe cache, as any first call does
     plain, ours = [], []
     for i in range(repeat):  # pairs, their order alternating, so that a load change hits both alike
-        runs = {"plain": lambda: _timed([*plain_cmd, "--main_process_port", str(free_port()), str(script)], env=env),
+        runs = {"plain": lambda: _timed(spec.argv(spec.next_port()), env=env),
                 "ours": lambda: _timed(ours_cmd)}
         got = {name: runs[name]() for name in (("plain", "ours") if i % 2 == 0 else ("ours", "plain"))}
         plain.append(got["plain"])
@@ -360,17 +364,17 @@ def launch_parts(scratch: Path, repeat: int, log=print) -> dict:
     train = next(c.source for c in nb.cells if c.source.startswith("%%writefile train_npu.py"))
     (scratch / "train_npu.py").write_text(train.split("\n", 1)[1])
     (scratch / "tiny_launch.py").write_text(TINY)
-    plan = nbtools.detect().plan(2)
-    env = dict(os.environ, **plan.env, PYTHONUNBUFFERED="1")
-    launch = [commands.executable("accelerate"), "launch", *plan.flags, "--mixed_precision", "no", "--main_process_port"]
+    tiny, train = (launch_spec(commands.LaunchCall.of(scratch / name), timeout=None, cwd=scratch)
+                   for name in ("tiny_launch.py", "train_npu.py"))
+    env = _spec_env(tiny)
     parts = {"import torch": [sys.executable, "-c", "import torch"],
              "import torch + accelerate": [sys.executable, "-c", "import torch; from accelerate import Accelerator"],
              "train_npu.py, 1 process": [sys.executable, str(scratch / "train_npu.py")],
-             "2-rank launch, start and stop only": [*launch, "PORT", str(scratch / "tiny_launch.py")],
-             "2-rank launch of train_npu.py": [*launch, "PORT", str(scratch / "train_npu.py")]}
+             "2-rank launch, start and stop only": tiny.argv(-1),
+             "2-rank launch of train_npu.py": train.argv(-1)}
     res = {}
     for name, cmd in parts.items():
-        runs = [_cpu_timed([str(free_port()) if c == "PORT" else c for c in cmd], env=env)
+        runs = [_cpu_timed([str(free_port()) if c == "-1" else c for c in cmd], env=env)
                 for _ in range(repeat)]
         res[name] = {"wall_s": round(statistics.median(w for w, _ in runs), 2),
                      "cpu_s": round(statistics.median(c for _, c in runs), 2)}

@@ -58,7 +58,7 @@ def measure(path: Path, script: str, n: int, log=print) -> dict:
             session = nbtools.setup(num_processes=params.get("num_processes", 2), work_dir=work)
         folder = Path(session.work)
         text = first_launch(path, script, dict(params, S=session), folder)
-        call = commands.parse_launch(text, default_processes=session.num_processes)
+        call = commands.parse_launch(text)  # the count not written: the session's (launch_spec)
         spec = launch_spec(call, info=session.info, timeout=600, cwd=folder)
         aborts, failed, start = 0, 0, time.monotonic()
         for i in range(n):

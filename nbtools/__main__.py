@@ -44,12 +44,10 @@ def _cmd_launch(args) -> int:
             timeout=args.timeout,
             options=LaunchOptions(timeout_name="--timeout", offline=not args.online),
         )
-    except LaunchTimeout as exc:
+    except LaunchError as exc:  # a timeout exits 124, a failure with the launch's own exit code
         print(f"\nnbtools launch: {exc}", file=sys.stderr)
-        return 124
-    except LaunchError as exc:
-        print(f"\nnbtools launch: {exc}", file=sys.stderr)
-        return exc.result.returncode if exc.result is not None and exc.result.returncode > 0 else 1
+        code = exc.result.returncode if exc.result is not None and exc.result.returncode > 0 else 1
+        return 124 if isinstance(exc, LaunchTimeout) else code
     simulated = result.plan.kind == "npu" and result.plan.gloo  # the simulated NPU's hccl is gloo underneath
     print(f"[nbtools] ok in {result.duration_s:.1f} s" + (" on the simulated NPU (not the hardware)" if simulated else ""))
     return 0
@@ -206,9 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this machine reaches GitHub and the Hub: checks tagged needs:network are expected to run")
     r.set_defaults(func=_cmd_run)
 
+    from . import device  # the one default count and precision list (device.py)
+
     la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")
-    la.add_argument("--num-processes", type=int, default=2)
-    la.add_argument("--mixed-precision", default="no", choices=["no", "fp16", "bf16"])
+    la.add_argument("--num-processes", type=int, help=f"default: {device.DEFAULT_PROCESSES}")
+    la.add_argument("--mixed-precision", default="no", choices=device.MIXED_PRECISIONS)
     la.add_argument("--device", default="auto", help="auto | npu | cuda | cpu")
     la.add_argument("--timeout", type=float, default=600, help="seconds before the whole launch is stopped")
     la.add_argument("--online", action="store_true", help="let Hugging Face reach the network")
@@ -252,7 +252,7 @@ def _inspect_commands(sub, sim: argparse.ArgumentParser) -> None:
 
     de = sub.add_parser("detect", parents=[sim], help="print what this machine is and how a real N-process group starts here")
     de.add_argument("--json", action="store_true")
-    de.add_argument("--num-processes", type=int, default=2)
+    de.add_argument("--num-processes", type=int)
     de.set_defaults(func=_cmd_detect)
 
     rp = sub.add_parser("report", help="--bundle zips a run's report.json, result.json, junit.xml and "

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo, whole_numbers
+from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo
 from .errors import NbtoolsError, ParameterError
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
@@ -287,12 +287,13 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
 
 @dataclass
 class LaunchCall:
-    """An ``accelerate launch`` as written (``parse_launch``) or built (``of``); launcher.launch_spec decides it."""
+    """An ``accelerate launch`` as written (``parse_launch``) or built (``of``), read by one reader
+    (``_read_call``); launcher.launch_spec (the normaliser) decides it. None: not written, filled in there."""
 
     script: str
     script_args: list[str]
-    num_processes: int
-    mixed_precision: str
+    num_processes: int | None  # written (--num_processes, else the --config_file's), None: not written
+    mixed_precision: str | None
     extra_flags: list[str]  # written flags other than those the plan decides (device.PLAN_FLAGS)
     env: dict[str, str]  # written variables other than the visible-devices ones
     written_visible: str | None = None
@@ -300,28 +301,43 @@ class LaunchCall:
     config_file: str | None = None  # the learner's own --config_file, honoured as `accelerate launch` does
     config: dict = field(default_factory=dict)  # what that file says
     plan_flags: dict = field(default_factory=dict)  # written flags the plan decides (PLAN_FLAGS): launch_spec says how
+    flag_words: list[str] = field(default_factory=list)  # every written flag, as written (a machine of 06 keeps them)
 
     @classmethod
-    def of(cls, script: str, *script_args: str, num_processes: int = 2, mixed_precision: str = "no",
+    def of(cls, script: str, *script_args: str, num_processes: int | None = None, mixed_precision: str | None = None,
            env: dict[str, str] | None = None, extra_flags=()) -> LaunchCall:
-        """A launch built in code (``nbtools.accelerate_launch``), read as if it were written."""
-        flags = list(extra_flags)
-        config_file = next((f.partition("=")[2] for f in flags if f.startswith("--config_file=")), None) or (
-            flags[flags.index("--config_file") + 1] if "--config_file" in flags[:-1] else None)  # both forms, as parse_launch
-        return cls(str(script), list(map(str, script_args)), num_processes, mixed_precision, flags, dict(env or {}),
-                   config_file=config_file, config=read_launch_config(config_file) if config_file else {})
+        """A launch built in code (``nbtools.accelerate_launch``), read as if it were written: ``extra_flags`` by the
+        same reader as a written command, so a flag the plan decides is honoured or refused, never repeated."""
+        call = _read_call([*map(str, extra_flags), str(script), *map(str, script_args)], dict(env or {}))
+        if call.script != str(script):
+            raise ParameterError(f"extra_flags={tuple(extra_flags)!r}: `{call.script}` is no flag of accelerate launch")
+        for name, given, read in (("--num_processes", num_processes, call.num_processes),
+                                  ("--mixed_precision", mixed_precision, call.mixed_precision)):
+            if given is not None and name in call.plan_flags and str(given) != str(read):
+                raise ParameterError(f"{name} given twice: {given} as a parameter and {read} in extra_flags; keep one")
+        call.num_processes = call.num_processes if num_processes is None else num_processes
+        call.mixed_precision = mixed_precision or call.mixed_precision
+        return call
 
 
-def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
+def parse_launch(text: str) -> LaunchCall:
     """Split ``[OPTIONS] [ENV=..] accelerate launch [flags] script [args]`` (the quick-start's core command)."""
     written = parse(text)
-    argv = written.argv
-    if argv[:2] != ["accelerate", "launch"]:
+    if written.argv[:2] != ["accelerate", "launch"]:
         raise ParameterError(
             "%launch runs `accelerate launch ...` (e.g. `%launch accelerate launch --num_processes 2 train_npu.py`); "
-            f"got `{shlex.join(argv[:2])}`: use %cmd for other commands"
+            f"got `{shlex.join(written.argv[:2])}`: use %cmd for other commands"
         )
-    words = argv[2:]
+    env = dict(written.env)
+    visible = [env.pop(var) for var in VISIBLE_VARS.values() if var in env]  # the plan's (DeviceInfo.cards)
+    call = _read_call(written.argv[2:], env)
+    call.written, call.written_visible = written, (visible or [None])[-1]
+    return call
+
+
+def _read_call(words: list[str], env: dict[str, str]) -> LaunchCall:
+    """The one reader of ``accelerate launch``'s words: flags (a flag the plan decides written twice, or --cpu
+    with --multi_gpu, which Accelerate refuses, is a ParameterError), then the script and its arguments."""
     flags: dict[str, str | None] = {}
     extra: list[str] = []
     i = 0
@@ -331,23 +347,25 @@ def parse_launch(text: str, default_processes: int = 1) -> LaunchCall:
         width = 1 if switch or eq else 2  # `--flag value` takes the next word
         if i + width > len(words):
             raise ParameterError(f"accelerate launch flag {name} needs a value")
+        if name in flags and (name in PLAN_FLAGS or name == "--config_file"):
+            raise ParameterError(f"accelerate launch: {name} written twice; keep one")
         flags[name] = None if switch else value if eq else words[i + 1]
         if name not in PLAN_FLAGS:
             extra.extend(words[i : i + width])
         i += width
     if i >= len(words):
         raise ParameterError("accelerate launch needs a script to run (e.g. train_npu.py)")
+    if "--cpu" in flags and "--multi_gpu" in flags:
+        raise ParameterError("accelerate launch: --cpu and --multi_gpu together are refused by Accelerate; write --cpu "
+                             "(nbtools starts a multi-process CPU group itself) or --multi_gpu")
     config_file = flags.get("--config_file")
     config = read_launch_config(config_file) if config_file else {}
     n = flags.get("--num_processes", config.get("num_processes"))
-    n = default_processes if n is None else int(n) if str(n).isdigit() else n
-    whole_numbers(1, **{"--num_processes": n})
-    env = dict(written.env)
-    visible = env.pop(ASCEND_VAR, None)
-    visible = env.pop(CUDA_VAR, visible)
-    precision = flags.get("--mixed_precision") or config.get("mixed_precision") or "no"
-    return LaunchCall(words[i], words[i + 1 :], n, str(precision), extra, env, visible, written,
-                      config_file, config, {k: v for k, v in flags.items() if k in PLAN_FLAGS})
+    n = None if n is None else int(n) if str(n).isdigit() else n  # checked by the normaliser (params.validate)
+    precision = flags.get("--mixed_precision") or config.get("mixed_precision")
+    return LaunchCall(words[i], words[i + 1 :], n, None if precision is None else str(precision), extra, env,
+                      config_file=config_file, config=config,
+                      plan_flags={k: v for k, v in flags.items() if k in PLAN_FLAGS}, flag_words=words[:i])
 
 
 def read_launch_config(path: str) -> dict:

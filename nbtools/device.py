@@ -44,7 +44,8 @@ from . import floors
 from .errors import DeviceError, ParameterError
 
 KINDS = ("npu", "cuda", "cpu")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")
+MIXED_PRECISIONS = ("no", "fp16", "bf16")  # the one list: the CLI's choices, the normaliser, each kind's share
+DEFAULT_PROCESSES = 2  # the one process-count default: setup, a launch that names none, the CLI, the plan
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
@@ -197,8 +198,21 @@ HIDDEN = {
 }
 
 
-def _write_hidden(folder: Path) -> None:
-    for name, text in HIDDEN.items():  # each written whole (a rank starting meanwhile never reads half a file)
+def write_files(folder: Path, files: dict[str, str], prefix: str) -> Path:
+    """``files`` (name -> text) in ``folder``, each rewritten only where it differs, and whole (a process starting
+    meanwhile never reads half a file); where ``folder`` is not writable, in a private temporary folder named
+    ``prefix...``. The folder used (hide_cards, launcher.launch_config)."""
+    try:
+        _write(folder, files)
+        return folder
+    except OSError:
+        private = Path(tempfile.mkdtemp(prefix=prefix))
+        _write(private, files)
+        return private
+
+
+def _write(folder: Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
         path = folder / name
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -219,12 +233,8 @@ def hide_cards(host: str) -> tuple[dict[str, str], str]:
         return {"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES= 让这些 rank 看不见 GPU"
     if host != "npu":
         return {}, ""
-    folder = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
-    try:
-        _write_hidden(folder)
-    except OSError:  # no writable cache: a private folder
-        folder = Path(tempfile.mkdtemp(prefix="nbtools-hide-npu-"))
-        _write_hidden(folder)
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
+    folder = write_files(cache, HIDDEN, "nbtools-hide-npu-")
     return ({"PYTHONPATH": _in_front(folder, os.environ.get("PYTHONPATH")), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
             "PYTHONPATH 前面放一个让 torch_npu 显得没有安装、导入即失败的 sitecustomize（torch 不再自动加载它），让这些 rank 看不见 NPU")
 
@@ -258,20 +268,38 @@ class DeviceInfo:
         """The one rule for the --mixed_precision values a launch on ``kind`` takes here: the CPU's autocast has
         bf16 and no fp16; a card has fp16, and bf16 where it says so (not a 310P)."""
         if kind == "cpu":
-            return ("no", "bf16")
-        return MIXED_PRECISIONS if self.bf16 else ("no", "fp16")
+            return tuple(p for p in MIXED_PRECISIONS if p != "fp16")  # a CPU's autocast has no fp16
+        return MIXED_PRECISIONS if self.bf16 else tuple(p for p in MIXED_PRECISIONS if p != "bf16")
+
+    def check_precision(self, precision: str, kind: str) -> str:
+        """The one precision rule (params.validate, the normaliser): known, and taken by a launch on ``kind`` here."""
+        ok = self.mixed_precisions_on(kind)
+        if precision not in ok:
+            raise ParameterError(f"parameter mixed_precision={precision!r} is " + (
+                f"not supported on {kind} ({', '.join(self.names[:1]) or kind}); accepted here: {', '.join(ok)}"
+                if precision in MIXED_PRECISIONS else f"not known; accepted: {', '.join(MIXED_PRECISIONS)}"))
+        return precision
 
     def visible_ids(self) -> list[str]:
         """The card numbers this process may use, as the visibility variable lists them, else 0..count-1."""
         return listed_ids(self.visible_devices) or [str(i) for i in range(self.count)]
 
-    def plan(self, num_processes: int = 2, device: str = "auto", fit: bool = False) -> LaunchPlan:
+    def cards(self, n: int) -> list[str]:
+        """The one rule for the cards ``n`` ranks use: the first ``n`` this process may use (["4", "5"] where
+        ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set); asked for more, the numbers after its last card follow
+        (ascending, no card twice; the plan falls back to the CPU there). Session.cards and the plan ask here."""
+        ids = self.visible_ids()[:n]
+        after = max((int(i) for i in ids if i.isdigit()), default=-1) + 1  # "5,4" on CUDA: 6 next, never 5 again
+        return ids + [str(i) for i in range(after, after + n - len(ids))]
+
+    def plan(self, num_processes: int | None = None, device: str = "auto", fit: bool = False) -> LaunchPlan:
         """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).
 
         When fewer accelerators are visible than processes asked for, the plan is the
         CPU (gloo) route and says so: ``fallback`` is True and ``note`` explains. ``fit`` (the learner's
         own job, ``%launch --fit``): the count shrinks to the visible cards instead, and the ranks run on them.
         """
+        num_processes = DEFAULT_PROCESSES if num_processes is None else num_processes
         whole_numbers(1, num_processes=num_processes)
         kind, n, note, why, said = self.resolve(device), num_processes, "", [], ""
         if fit and kind != "cpu" and self.count < n:
@@ -294,7 +322,7 @@ class DeviceInfo:
             why.append(f"{where}：" + (said if n == 1 else f"CPU 上 `accelerate launch --num_processes {n}` "
                                                          f"只启动一个进程；{said}"))
         else:
-            env = {VISIBLE_VARS[kind]: ",".join(self.visible_ids()[:n])}
+            env = {VISIBLE_VARS[kind]: ",".join(self.cards(n))}
             # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
             # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
             mode = ["--multi_gpu"] if n > 1 and kind == "cuda" else []

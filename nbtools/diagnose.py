@@ -175,13 +175,14 @@ def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -
     rank = failing_rank(result.output)
     mine = _rank_lines(result.output, rank) if rank is not None else ""
     error = re.findall(r"^\s*\[rank\d+\]:\s*((?:[\w.]+\.)?\w*(?:Error|Exception): .*)$", mine, re.MULTILINE)
-    head += f" -- rank {rank}: {error[-1][:200]}" if error else ""  # the exception, in the reason a report shows
+    line = error[-1][:200] if error else None
+    head += f" -- rank {rank}: {line}" if error else ""  # the exception, in the reason a report shows
     detail = (f"Rank {rank} failed first; its last lines:\n{mine}" if mine
               else f"Last lines of the output:\n{_tail(result.output)}")
     if result.killed:
         detail += f"\n(stopped {len(result.killed)} leftover process(es) of this launch)"
     detail += "".join(f"\nhint: {hint}" for needle, hint in HINTS if needle in result.output)
-    raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result)
+    raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result, rank, line)
 
 
 def timeout_message(result: Result, before: str, timeout: float | None, timeout_name: str) -> str:

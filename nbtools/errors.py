@@ -16,9 +16,11 @@ class ParameterError(NbtoolsError, ValueError):
 class LaunchError(NbtoolsError):
     """A launched command failed: non-zero exit, error marker in its output, or timeout."""
 
-    def __init__(self, message: str, result=None):
+    def __init__(self, message: str, result=None, rank: int | None = None, line: str | None = None):
         super().__init__(message)
         self.result = result
+        self.rank = rank  # the rank that failed first, where the output says (diagnose.raise_on_failure)
+        self.line = line  # its error line (``ValueError: ...``), where one was found
 
 
 class LaunchTimeout(LaunchError):

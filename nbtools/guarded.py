@@ -103,7 +103,8 @@ def run_command(
 
     ``env``: see ``environment_and_shown``. ``echo``: print the command and stream its output (True), nothing (False),
     or a ``Shown``. A non-zero exit, an error marker (diagnose.ERROR_MARKERS) or the timeout raises,
-    unless ``check`` is False (the timeout always raises).
+    unless ``check`` is False (the timeout always raises). The Result is built here only (a launch adds its plan and
+    port to it).
     """
     full_env, shown = environment_and_shown(argv, env, offline, echo)
     try:
@@ -195,7 +196,7 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
                     killed=status.get("killed") or [], written=shown.written, notes=notes)
     if shown.echo and notes:
         print("".join(note + "\n" for note in notes), end="", file=out, flush=True)
-    if check:
+    if check:  # the one place that decides whether a failure raises (a launch decides only whether to rerun)
         raise_on_failure(result)
     return result
 
@@ -208,7 +209,7 @@ def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) 
     output.close()
     output.drain(echo=False)
     result = Result(shown.command, list(argv), -9, output.text, time.monotonic() - start,
-                    killed=status.get("killed") or [])
+                    killed=status.get("killed") or [], written=shown.written)
     raise LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
 
 

@@ -1,9 +1,12 @@
 """The launch rule: how a written ``accelerate launch`` becomes the one that runs on this machine.
 
-``launch_spec`` decides a launch once (a ``LaunchSpec``): the device route (``DeviceInfo.plan``), the
-flags and variables, the config file, what of this environment must not reach it, and the ``# why:``
-line the cell prints, produced from those same decisions. ``launch`` runs it (guarded.run_command), on
-another free port if its port was taken meanwhile, and again after a gloo teardown abort (at most twice).
+``launch_spec`` is the normaliser: every launch (a ``%launch`` cell, ``accelerate_launch``/``LaunchCall.of`` in
+code, a machine of 06, ``python -m nbtools launch``, the bench) is decided there once, as a ``LaunchSpec``: what
+is not written filled from the session, the probe or the one default (device.py), the device route
+(``DeviceInfo.plan``), the flags and variables, the config file, what of this environment must not reach it, and
+the ``# why:`` line the cell prints, which names each value filled in or replaced. No other module builds an
+``accelerate launch`` argv (tests/test_normaliser.py). ``launch`` runs a spec (guarded.run_command), on another
+free port if its port was taken meanwhile, and again after a gloo teardown abort (at most twice).
 ``accelerate_launch`` does both in one call.
 """
 
@@ -13,16 +16,17 @@ import dataclasses
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import device as device_rules
+from . import session
 from .commands import LaunchCall, executable, shell_line
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan
-from .diagnose import Result, gloo_exit_abort, raise_on_failure
-from .errors import LaunchError, ParameterError
+from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, write_files
+from .diagnose import Result, gloo_exit_abort
+from .errors import LaunchError, LaunchTimeout, ParameterError
 from .guarded import Background, Shown, as_shown, free_port, run_command, start_background
-from .params import validate
+from .params import DEFAULT_TIMEOUT_S, validate
 
 MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
 ABORT_RERUN_SAID = "running the whole launch again"  # in the line a rerun prints (the bench counts them)
@@ -37,78 +41,93 @@ NEUTRAL_CONFIG = {
     "num_machines": 1,
     "gpu_ids": "all",
 }
+NORMALISED_ENV = "NBTOOLS_NORMALISED"  # on every launch the normaliser decided (LaunchSpec.run_env; a test counts them)
+FROM_SESSION = object()  # launch_spec's timeout when not given: the open session's timeout_s, else the default
+MACHINE_WHY = ("这里没有第二台主机：每台机器是本机（127.0.0.1）上的一个 `accelerate launch`，rank 跑在 CPU 上"
+               "（主机之间的 hccl 没有用到）")
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One ``accelerate launch``, decided once; ``argv``/``shown`` for a port.
+    """One ``accelerate launch``, decided once by ``launch_spec``; ``argv``/``shown`` for a port.
 
     ``shown(port)`` is the command line a learner can paste into a terminal in the launch's folder (the
-    bench's bare side runs exactly that); ``argv(port)`` is the same with this environment's ``accelerate``.
+    bench's bare side runs exactly that); ``argv(port)`` is the same with this environment's ``accelerate``;
+    ``run_env()`` the variables it runs with (``env`` and the normaliser's marker, which is not shown).
     """
 
     plan: LaunchPlan
     call: LaunchCall
     env: tuple[tuple[str, str | None], ...] = ()  # the plan's variables, the caller's; None: removed
-    flags: tuple[str, ...] = ()  # --config_file ..., then the caller's extra flags
+    head: tuple[str, ...] = ()  # every flag before the port and the script, in order
     why: str = ""  # why the launch that runs differs from the written one (the cell's `# why:` line)
     notes: tuple[str, ...] = ()  # what the cell says before the command (fallback, ignored variables)
-    timeout: float | None = 600
+    timeout: float | None = DEFAULT_TIMEOUT_S
     cwd: str | None = None
     port: int | None = None  # None: a free one per try
 
     def argv(self, port: int | None, shown: bool = False) -> list[str]:
         ports = ["--main_process_port", str(port)] if port else []
-        head = ["accelerate" if shown else executable("accelerate"), "launch", *self.plan.flags]
-        return [*head, "--mixed_precision", self.call.mixed_precision, *self.flags, *ports, self.call.script,
-                *self.call.script_args]
+        program = "accelerate" if shown else executable("accelerate")
+        return [program, "launch", *self.head, *ports, self.call.script, *self.call.script_args]
 
     def shown(self, port: int | None) -> str:
         return shell_line(self.argv(port, shown=True), dict(self.env))
+
+    def run_env(self) -> dict[str, str | None]:
+        return {**dict(self.env), NORMALISED_ENV: "1"}
 
     def next_port(self) -> int | None:
         return (self.port or free_port()) if self.plan.num_processes > 1 else None
 
 
-def route_config(call: LaunchCall, plan: LaunchPlan, folder: str) -> list[str]:
-    """The learner's own --config_file as written (nothing added), else Accelerate's defaults in a file in ``folder``,
-    so that the user's default config is never read. With a config file `accelerate launch` no longer picks
-    MULTI_NPU by itself for N processes on N NPUs: on NPU the file says it; elsewhere the plan's flags decide."""
-    if call.config_file is not None:
-        return []
-    return launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
-
-
-def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str = "auto", timeout: float | None = 600,
-                port: int | None = None, cwd: str | os.PathLike | None = None, fit: bool = False) -> LaunchSpec:
-    """Validate ``call`` (a written or built ``accelerate launch``) and decide how it runs here.
-
-    The device route comes from ``DeviceInfo.plan`` (with its reasons); this function adds the config
-    file (the learner's own ``--config_file`` as written, else Accelerate's defaults in a file beside the
-    script, so that the user's default config is never read), removes this environment's ACCELERATE_*
-    variables, and says why in one line. ``fit``: the learner's own job, which shrinks to the visible cards (plan).
-    """
+def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str | None = None,
+                timeout: float | None | object = FROM_SESSION, cwd: str | os.PathLike | None = None, fit: bool = False,
+                machine: bool = False) -> LaunchSpec:
+    """The normaliser: every launch (a %launch cell, one built in code, a machine of 06, the CLI, the bench) is
+    decided here, once. It validates ``call``, fills what is not written from the open session (device, count,
+    timeout, probe) or the one default, builds the plan (``DeviceInfo.plan``), adds the config file (the learner's
+    own ``--config_file`` as written, else Accelerate's defaults in a file beside the script, so that the user's
+    default config is never read), removes this environment's ACCELERATE_* variables, and says in one line each
+    value it filled in or replaced. ``fit``: the learner's own job, which shrinks to the visible cards (plan).
+    ``machine``: one machine of a multi-machine job written for real hosts (06): its flags kept as written, the
+    ranks on this host's CPU."""
+    s = session.current()
     written = call.plan_flags  # --cpu means device="cpu"; a written port is used; the others are the plan's
-    device = "cpu" if "--cpu" in written else device
-    if port is None and (text := written.get("--main_process_port")) is not None:
-        if not str(text).isdigit() or not 0 < int(text) < 65536:
-            raise ParameterError(f"--main_process_port={text!r} is invalid; accepted: a port number 1-65535")
-        port = int(text)
-    info = validate(device=device, num_processes=call.num_processes, mixed_precision=call.mixed_precision,
-                    timeout_s=timeout, info=info)
-    plan = info.plan(call.num_processes, device, fit=fit)
+    device = "cpu" if "--cpu" in written or machine else device if device is not None else s.device_param if s else "auto"
+    timeout = (s.timeout_s if s else DEFAULT_TIMEOUT_S) if timeout is FROM_SESSION else timeout
+    if (port := written.get("--main_process_port")) is not None and not (str(port).isdigit() and 0 < int(port) < 65536):
+        raise ParameterError(f"--main_process_port={port!r} is invalid; accepted: a port number 1-65535")
+    port = None if port is None else int(port)
+    n = call.num_processes if call.num_processes is not None else s.num_processes if s else device_rules.DEFAULT_PROCESSES
+    info = validate(device=device, num_processes=n, timeout_s=timeout, info=info or (s.info if s else None))
+    plan = info.plan(max(n, 2) if machine else n, device, fit=fit)  # a machine: every machine's ranks together
+    precision = info.check_precision(call.mixed_precision or "no", plan.kind)
     notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
     run_env = dict(plan.env, **call.env)
-    # ACCELERATE_* variables exported in the kernel would change the launch: they are removed.
-    if unset := foreign_accelerate_vars(run_env):
+    # ACCELERATE_* variables exported in the kernel that the launch does not set would change it: they are removed.
+    if unset := [k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env]:
         notes.append(f"[nbtools] 不用这个环境里的 {', '.join(sorted(unset))}（启动需要的变量由启动计划给出）")
     folder = str(cwd if cwd is not None else os.getcwd())
-    config_flags = route_config(call, plan, folder)
+    # The learner's own --config_file as written, else Accelerate's defaults in a file in the folder, so that the
+    # user's default config is never read. With a config file `accelerate launch` no longer picks MULTI_NPU by itself
+    # for N processes on N NPUs: on NPU the file says it; elsewhere the plan's flags decide.
+    config_flags = [] if call.config_file else launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
+    env = (*run_env.items(), *((k, None) for k in unset))
+    if machine:
+        mode = [f for f in plan.mode if f not in call.flag_words]
+        return LaunchSpec(plan, call, env, (*mode, *config_flags, *call.flag_words), f"{MACHINE_WHY}；{plan.route}",
+                          tuple(notes), timeout, folder, None)
     why = [*plan.why]
-    var = VISIBLE_VARS.get(plan.kind)
-    if var and call.written_visible is not None and call.written_visible != plan.env.get(var):
-        why.append(f"{plan.num_processes} 个进程的计划用卡 {plan.env.get(var)}")
+    cards = plan.env.get(VISIBLE_VARS.get(plan.kind, ""))
+    if call.num_processes is None:
+        why.append(f"没写 --num_processes：用 {n} 个进程（{'会话的 num_processes' if s else '默认'}），"
+                   + (f"卡 {cards}" if cards else "在 CPU 上"))
+    elif cards and call.written_visible is not None and call.written_visible != cards:
+        why.append(f"{plan.num_processes} 个进程的计划用卡 {cards}")
+    if call.mixed_precision is None:
+        why.append(f"没写 --mixed_precision：用 {precision}（Accelerate 的默认）")
     if plan.num_processes > 1 and call.written is not None:
         why.append(f"照写的会合端口 {port}" if "--main_process_port" in written else "用一个空闲的会合端口代替 29500")
     if "--cpu" in written:
@@ -116,13 +135,8 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     if replaced := [k for k in written if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
         why.append(f"你写的 {' '.join(replaced)} 由本机的启动计划决定")
     why.append(_config_why(call, plan))
-    return LaunchSpec(plan, call, (*run_env.items(), *((k, None) for k in unset)), (*config_flags, *call.extra_flags),
-                      "；".join(w for w in why if w), tuple(notes), timeout, folder, port)
-
-
-def foreign_accelerate_vars(launch_env) -> list[str]:
-    """ACCELERATE_* variables of this environment that a launch does not set itself: to be removed."""
-    return [k for k in os.environ if k.startswith("ACCELERATE_") and k not in launch_env]
+    head = (*plan.flags, "--mixed_precision", precision, *config_flags, *call.extra_flags)
+    return LaunchSpec(plan, call, env, head, "；".join(w for w in why if w), tuple(notes), timeout, folder, port)
 
 
 def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
@@ -143,7 +157,6 @@ class LaunchOptions:
 
     env: dict[str, str] | None = None  # the written launch: variables in front, flags before the script
     extra_flags: tuple[str, ...] = ()
-    port: int | None = None  # where it runs (launch_spec)
     cwd: str | os.PathLike | None = None
     info: DeviceInfo | None = None
     check: bool = True  # how it runs (launch)
@@ -155,15 +168,16 @@ class LaunchOptions:
     fit: bool = False  # the learner's own job: fewer cards than --num_processes shrinks the count (DeviceInfo.plan)
 
 
-def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processes: int = 2, mixed_precision: str = "no",
-                      device: str = "auto", timeout: float | None = 600,
+def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processes: int | None = None,
+                      mixed_precision: str | None = None, device: str | None = None,
+                      timeout: float | None | object = FROM_SESSION,
                       options: LaunchOptions = LaunchOptions()) -> Result | Background:
     """``accelerate launch script ...`` on ``num_processes`` ranks, decided by ``launch_spec`` and run by ``launch``;
-    the why line is always the one the launch rule derives."""
+    the why line is always the one the launch rule derives. None: from the open session, else the defaults."""
     o = options
     call = LaunchCall.of(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision, env=o.env,
-                         extra_flags=o.extra_flags)
-    spec = launch_spec(call, info=o.info, device=device, timeout=timeout, port=o.port, cwd=o.cwd, fit=o.fit)
+                         extra_flags=o.extra_flags)  # a port: ("--main_process_port", N) among them
+    spec = launch_spec(call, info=o.info, device=device, timeout=timeout, cwd=o.cwd, fit=o.fit)
     shown = Shown(echo=o.echo, written=o.written, timeout_name=o.timeout_name)
     return launch(spec, check=o.check, offline=o.offline, echo=shown, background=o.background)
 
@@ -173,15 +187,9 @@ def launch_config(distributed_type: str, folder: str | os.PathLike) -> list[str]
     ``folder`` (the launch's working directory) and kept there, so that the printed command runs as printed."""
     name = f"accelerate_config_{distributed_type.lower()}.json"
     text = json.dumps(dict(NEUTRAL_CONFIG, distributed_type=distributed_type), indent=2) + "\n"
-    path = Path(folder) / name
-    try:
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.write_text(text, encoding="utf-8")
-        return ["--config_file", name]
-    except OSError:  # a read-only working directory: a private copy (then the printed path is absolute)
-        path = Path(tempfile.mkdtemp(prefix="nbtools-accelerate-")) / name
-        path.write_text(text, encoding="utf-8")
-        return ["--config_file", str(path)]
+    used = write_files(Path(folder), {name: text}, "nbtools-accelerate-")
+    # a read-only working directory: a private copy, and the printed path is absolute
+    return ["--config_file", name if used == Path(folder) else str(used / name)]
 
 
 def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: bool | Shown = True,
@@ -202,38 +210,41 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
         port = spec.next_port()
         this = dataclasses.replace(shown, command=spec.shown(port), why=spec.why)  # always the rule's own why line
         if background:
-            bg = start_background(spec.argv(port), env=dict(spec.env), cwd=spec.cwd, offline=offline, echo=this)
+            bg = start_background(spec.argv(port), env=spec.run_env(), cwd=spec.cwd, offline=offline, echo=this)
             bg.plan, bg.port = spec.plan, port
             return bg
-        try:
-            result = run_command(spec.argv(port), env=dict(spec.env), cwd=spec.cwd, timeout=spec.timeout,
-                                 check=False, offline=offline, echo=this)
-        except LaunchError as exc:  # a LaunchTimeout: its result with the plan
-            if exc.result is not None:
-                exc.result = dataclasses.replace(exc.result, plan=spec.plan, port=port)
-            raise
-        result = dataclasses.replace(result, plan=spec.plan, port=port)
-        retry = _retry_reason(result, spec, abort_reruns) if attempt + 1 < tries else None
-        if retry is None:
+        try:  # whether a failure raises is run_command's to decide (check); here only whether it is tried again
+            result, error = run_command(spec.argv(port), env=spec.run_env(), cwd=spec.cwd, timeout=spec.timeout,
+                                        check=check, offline=offline, echo=this), None
+        except LaunchError as exc:
+            result, error = exc.result, exc
+        if result is not None:  # the Result run_command built, with this launch's plan and port
+            result.plan, result.port = spec.plan, port
+        last = attempt + 1 == tries or isinstance(error, LaunchTimeout)  # a timeout is never run again
+        if (retry := None if last else _retry_reason(result, spec, abort_reruns)) is None:
             break
         abort_reruns += retry == "abort"
         if shown.echo:
-            print(_retry_line(retry, port, abort_reruns, spec.plan))
-    if check:
-        raise_on_failure(result)
+            print(retry_line(retry, port, abort_reruns, spec.plan))
+    if error is not None:
+        raise error
     return result
 
 
 def _retry_reason(result: Result, spec: LaunchSpec, abort_reruns: int) -> str | None:
     """"port" (taken meanwhile), "abort" (a gloo teardown abort after the work) or None: keep this result."""
-    if result.returncode == 0:
-        return None
-    if spec.port is None and spec.plan.num_processes > 1 and _PORT_IN_USE.search(result.output):
+    if result.returncode != 0 and spec.port is None and spec.plan.num_processes > 1 and _PORT_IN_USE.search(result.output):
         return "port"
-    return "abort" if abort_reruns < MAX_ABORT_RERUNS and gloo_exit_abort(result.output, spec.plan) else None
+    return "abort" if result.returncode != 0 and abort_rerun(result, spec.plan, abort_reruns) else None
 
 
-def _retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPlan) -> str:
+def abort_rerun(result: Result | None, plan: LaunchPlan, abort_reruns: int) -> bool:
+    """Is this failure a gloo teardown abort after the work, to be run again (at most MAX_ABORT_RERUNS)? The
+    launcher and the machines of 06 both ask here."""
+    return result is not None and abort_reruns < MAX_ABORT_RERUNS and gloo_exit_abort(result.output, plan)
+
+
+def retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPlan) -> str:
     if reason == "port":
         return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
     whose = ("torch's gloo on CPU" if plan.kind == "cpu" else

@@ -1,8 +1,8 @@
 """The machines of a multi-machine job, run at once on one host (06_multi_node; README, "What runs where").
 
 - ``stand_in(text)``: the command that stands in here for one machine's ``accelerate launch`` as written for
-  two Ascend hosts: CPU ranks as the one launch rule starts them (DeviceInfo.plan with device 'cpu', its
-  config file from launcher.route_config).
+  two Ascend hosts, decided by the normaliser (launcher.launch_spec, ``machine=True``): CPU ranks, its flags as
+  written, precision checked, this environment's ACCELERATE_* removed; a gloo teardown abort reruns every machine.
 - ``run_all(jobs)``: every job through ``guarded.run_command`` in its own thread; the first failure stops the
   others (they would wait for it at the rendezvous), and so does Ctrl-C.
 - ``run_machines(texts)``: both, printing each machine's command as written, what runs and why, its output.
@@ -20,16 +20,13 @@ import uuid
 from dataclasses import dataclass
 
 from . import commands
-from .device import detect
 from .diagnose import Result, benign_blocks
-from .errors import LaunchError, LaunchTimeout, ParameterError
+from .errors import LaunchError, LaunchTimeout
 from .guarded import Shown, run_command
-from .launcher import foreign_accelerate_vars, route_config
+from .launcher import LaunchSpec, abort_rerun, launch_spec, retry_line
 from .proctree import marked, stop_from_top, tops
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
-DROPPED = (commands.ASCEND_VAR, commands.CUDA_VAR)
-SIMULATED_WHY = "这里没有第二台主机：每台机器是本机（127.0.0.1）上的一个 `accelerate launch`，rank 跑在 CPU 上（主机之间的 hccl 没有用到）"
 
 
 @dataclass
@@ -40,12 +37,12 @@ class Job:
     env: dict[str, str]
     written: str = ""
     why: str = ""
+    spec: LaunchSpec | None = None  # a machine's launch, as the normaliser decided it
 
     @property
     def shown(self) -> str:
         """The real command as a learner would type it (program name, not its full path)."""
-        program = "accelerate" if self.argv[0].endswith("/accelerate") else self.argv[0]
-        return commands.shell_line([program, *self.argv[1:]], self.env)
+        return self.spec.shown(None) if self.spec else commands.shell_line(self.argv, self.env)
 
 
 @dataclass
@@ -63,20 +60,10 @@ class Outcome:
 
 
 def stand_in(text: str, folder: str | os.PathLike = ".") -> Job:
-    """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts;
-    the config file it names (Accelerate's defaults) is written into ``folder``, where it runs."""
-    written = commands.parse(text)
-    if written.argv[:2] != ["accelerate", "launch"]:
-        raise ParameterError(f"a machine runs `accelerate launch ...`; got `{written.text[:80]}`")
-    call = commands.parse_launch(text, default_processes=2)
-    plan = detect().plan(max(call.num_processes, 2), "cpu")  # every machine's ranks together, on this host's CPU
-    env = {**{k: v for k, v in written.env.items() if k not in DROPPED}, **plan.env}
-    mode = [f for f in plan.mode if f not in written.argv]
-    flags = [*mode, *route_config(call, plan, str(folder)), *written.argv[2:]]
-    # ACCELERATE_* variables of this environment must not reach them either (None: removed)
-    env.update(dict.fromkeys(foreign_accelerate_vars(env)))
-    why = f"{SIMULATED_WHY}；{plan.route}"
-    return Job([commands.executable("accelerate"), "launch", *flags], env, written.text, why)
+    """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts, decided by
+    the normaliser (launcher.launch_spec, ``machine=True``); the config file it names is written into ``folder``."""
+    spec = launch_spec(commands.parse_launch(text), cwd=folder, timeout=None, machine=True)
+    return Job(spec.argv(None), spec.run_env(), spec.call.written.text, spec.why, spec)
 
 
 def stop(token: str) -> bool:
@@ -171,7 +158,12 @@ def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str =
         print(f"# machine {rank}:")
         print(Shown(written=job.written, why=job.why if rank == 0 else "").announce(job.shown).rstrip())
     start = time.monotonic()
+    reruns = 0
     outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
+    while (first := first_failure(outcomes)) is not None and abort_rerun(outcomes[first].result, jobs[0].spec.plan, reruns):
+        reruns += 1  # a gloo teardown abort after the work: every machine again, as the launcher reruns a launch
+        print(retry_line("abort", None, reruns, jobs[0].spec.plan))
+        outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
     print_outcomes(outcomes)
     error = failure_error(outcomes, timeout)
     if error is not None:

@@ -15,7 +15,6 @@ and the why line says so; ``DeviceInfo.plan``). Without ``nbtools.setup`` the ma
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import shlex
@@ -28,9 +27,9 @@ from .device import detect
 from .diagnose import Result
 from .errors import LaunchError, ParameterError
 from .guarded import Shown, run_command
-from .launcher import launch, launch_spec
+from .launcher import FROM_SESSION, launch, launch_spec
+from .params import DEFAULT_TIMEOUT_S
 
-DEFAULT_TIMEOUT_S = 600
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -83,16 +82,12 @@ def expand_outside_program(text: str, namespace: dict) -> str:
     return expand_fields(text, namespace)
 
 
-def _finish(result: Result, written: commands.WrittenCommand) -> Result:
-    return dataclasses.replace(result, written=written.text)
-
-
 def _failed(exc: LaunchError, written: commands.WrittenCommand) -> Result:
     """--allow-fail: hand back the failed run's Result (the failure is printed, not raised)."""
     if exc.result is None or not written.allow_fail:
         raise exc
     print(f"[nbtools] --allow-fail: {str(exc).splitlines()[0]}")
-    return _finish(exc.result, written)
+    return exc.result
 
 
 def run_written(text: str) -> Result:
@@ -105,31 +100,27 @@ def run_written(text: str) -> Result:
     real = commands.command_here(written, info, device)
     same = real.argv == written.argv and real.env == written.env
     shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
-                  written=None if same else written.text, why=real.why_line,
+                  written=written.text, why=real.why_line,  # kept on the Result (run_command builds it)
                   timeout_name="--timeout" if written.timeout else timeout_name)
     try:
-        result = run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
-                             check=not written.allow_fail, offline=not written.online, echo=shown)
+        return run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
+                           check=not written.allow_fail, offline=not written.online, echo=shown)
     except LaunchError as exc:
         return _failed(exc, written)
-    return _finish(result, written)
 
 
 def run_launch(text: str) -> Result:
     """``%launch``: a written ``accelerate launch`` run with this machine's launch plan."""
-    s = session.current()
-    call = commands.parse_launch(text, default_processes=s.num_processes if s else 1)
+    call = commands.parse_launch(text)
     written = call.written
-    info, device, timeout, timeout_name = _context()
-    timeout = written.timeout or timeout
-    shown = Shown(written=written.text, timeout_name="--timeout" if written.timeout else timeout_name)
-    try:
-        spec = launch_spec(call, info=info, device=device, timeout=timeout, fit=written.fit)
-        result = launch(spec, check=not written.allow_fail, offline=not written.online, echo=shown,
-                        background=written.background)
+    timeout_name = "--timeout" if written.timeout else "timeout_s" if session.current() else "the default timeout"
+    shown = Shown(written=written.text, timeout_name=timeout_name)
+    try:  # what is not written comes from the session (launch_spec, the normaliser)
+        spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
+        return launch(spec, check=not written.allow_fail, offline=not written.online, echo=shown,
+                      background=written.background)
     except LaunchError as exc:
         return _failed(exc, written)
-    return result if written.background else _finish(result, written)
 
 
 @magics_class

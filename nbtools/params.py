@@ -15,14 +15,16 @@ import math
 import os
 
 # whole_numbers lives with the device rules it serves (num_processes); the notebooks import it from here
-from .device import MIXED_PRECISIONS, DeviceInfo, detect, known_device, whole_numbers
+from .device import DeviceInfo, detect, known_device, whole_numbers
 from .errors import DeviceError, ParameterError
+
+DEFAULT_TIMEOUT_S = 600  # seconds a session's launches and commands may run (setup, the magics, a launch in code)
 
 
 def validate(
     *,
     device: str = "auto",
-    num_processes: int = 1,
+    num_processes: int | None = None,
     mixed_precision: str | None = None,
     timeout_s: float | None = None,
     info: DeviceInfo | None = None,
@@ -34,7 +36,8 @@ def validate(
     ``require_healthy`` is False (a notebook that explains the fix must still run).
     """
     known_device(device)
-    whole_numbers(1, num_processes=num_processes)
+    if num_processes is not None:
+        whole_numbers(1, num_processes=num_processes)
     if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
         raise ParameterError(f"parameter timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
     info = info or detect()
@@ -44,19 +47,9 @@ def validate(
             "the setup is broken: " + "; ".join(f"{p.what}\n  fix: {p.fix}" for p in blocking)
             + "\n(`python -m nbtools doctor` checks the whole setup)"
         )
-    kind = info.resolve(device)  # DeviceError (names device=..., what is here and what to use)
-    if mixed_precision is not None:
-        if mixed_precision not in MIXED_PRECISIONS:
-            raise ParameterError(
-                f"parameter mixed_precision={mixed_precision!r} is not known; accepted: {', '.join(MIXED_PRECISIONS)}"
-            )
-        plan_kind = info.plan(num_processes, device).kind
-        ok = info.mixed_precisions_on(plan_kind)
-        if mixed_precision not in ok:
-            raise ParameterError(
-                f"parameter mixed_precision={mixed_precision!r} is not supported on {plan_kind} "
-                f"({', '.join(info.names[:1]) or kind}); accepted here: {', '.join(ok)}"
-            )
+    info.resolve(device)  # DeviceError (names device=..., what is here and what to use)
+    if mixed_precision is not None:  # on the kind the plan of num_processes runs on (the normaliser asks the same rule)
+        info.check_precision(mixed_precision, info.plan(num_processes, device).kind)
     return info
 
 

@@ -18,7 +18,7 @@ from . import proctree, workdir
 from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo, LaunchPlan
 from .expected import parse_kv
 from .guarded import MARKER_ENV, stop_background
-from .params import validate
+from .params import DEFAULT_TIMEOUT_S, validate
 from .workdir import cleanup, unattended
 
 NEEDS_REAL_NPU = "需要真实的 NPU"
@@ -130,16 +130,10 @@ class Session:
         ("4,5" where ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set: a shared host's other cards stay untouched);
         0, 1, ... where no card is visible. Asked for more than it may use, the numbers after its last card follow
         ("4,5,6" for 3 where 4,5 are visible: ascending, no card twice; the plan falls back to the CPU there)."""
-        n = self.num_processes if n is None else n
-        ids = self.info.visible_ids()[:n]
-        after = max((int(i) for i in ids if i.isdigit()), default=-1) + 1  # "5,4" on CUDA: 6 next, never 5 again
-        return ",".join(ids + [str(i) for i in range(after, after + n - len(ids))])
+        return ",".join(self.info.cards(self.num_processes if n is None else n))
 
-    @property
-    def visible(self) -> str:
-        """The quick-start-style device list for num_processes ("0,1" for 2; the plan's own on NPU and CUDA):
-        ``cards()``."""
-        return self.cards()
+    # The quick-start-style device list for num_processes ("0,1" for 2; the plan's own on NPU and CUDA): cards()
+    visible = property(cards)
 
     def platform_lines(self) -> list[str]:
         """What the setup cell prints, in the learner's language (the device label and versions stay as the CLI has them)."""
@@ -197,8 +191,8 @@ def stop_launches() -> list[int]:
 
 def setup(
     device: str = "auto",
-    num_processes: int = 2,
-    timeout_s: float = 600,
+    num_processes: int | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     work_dir: str = "",
     keep_work_dir: bool = False,
     *,
@@ -222,9 +216,9 @@ def setup(
     info = validate(
         device=device, num_processes=num_processes, timeout_s=timeout_s, info=info, require_healthy=not allow_broken
     )
-    plan = info.plan(num_processes, device)
+    plan = info.plan(num_processes, device)  # None: the one default count (device.DEFAULT_PROCESSES)
     work = _work_dir(work_dir, keep_work_dir, origin)
-    session = Session(info, plan, device, num_processes, timeout_s, work, keep_work_dir, origin)
+    session = Session(info, plan, device, plan.num_processes, timeout_s, work, keep_work_dir, origin)
     os.chdir(work)
     _CURRENT = session
     print("\n".join(session.platform_lines()))

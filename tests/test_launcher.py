@@ -77,7 +77,22 @@ def test_a_crashing_rank_fails_fast_with_its_traceback_and_leaves_nothing(worker
     assert "Rank 1 failed first" in msg and "RuntimeError: boom on rank 1" in msg
     assert msg.splitlines()[0].endswith("-- rank 1: RuntimeError: boom on rank 1")  # the reason a report shows
     assert err.value.result.returncode != 0
+    assert (err.value.rank, err.value.line) == (1, "RuntimeError: boom on rank 1")  # as fields, read by diagnose
+    assert err.value.result.plan.num_processes == 2 and err.value.result.port  # the Result built once, with its launch
     assert wait_gone(str(worker)) == []
+
+
+def test_a_failure_read_from_output_carries_its_rank_and_line():
+    """The fields come from where the output is read (diagnose.raise_on_failure), without running anything."""
+    from nbtools.diagnose import Result, raise_on_failure
+
+    out = "[rank0]: ok\n[rank1]: Traceback (most recent call last):\n[rank1]:   File \"w.py\"\n[rank1]: ValueError: bad x\n"
+    with pytest.raises(LaunchError) as err:
+        raise_on_failure(Result("c", ["c"], 1, out, 0.1))
+    assert (err.value.rank, err.value.line) == (1, "ValueError: bad x")
+    with pytest.raises(LaunchError) as err:
+        raise_on_failure(Result("c", ["c"], 2, "no ranks here\n", 0.1))
+    assert (err.value.rank, err.value.line) == (None, None)
 
 
 def test_a_hanging_rank_is_stopped_at_the_timeout_and_leaves_nothing(worker):
@@ -156,8 +171,8 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     assert result.kv["visible"] == plan.env.get(str(nbtools.detect().visible_var), "unset"), result.kv
     # The same launch reading the user's config is a different launch: the fixture really bites.
     spec = launcher.launch_spec(commands.LaunchCall.of(worker, num_processes=2), timeout=180)
-    assert spec.flags[0] == "--config_file"
-    bare = dataclasses.replace(spec, flags=spec.flags[2:]).argv(nbtools.free_port())  # without the launcher's config
+    at = spec.head.index("--config_file")
+    bare = dataclasses.replace(spec, head=spec.head[:at] + spec.head[at + 2:]).argv(nbtools.free_port())  # without it
     leaked = nbtools.run_command(bare, env=dict(spec.env), timeout=180, check=False, echo=False)
     assert leaked.returncode == 0 and leaked.kv.get("debug_mode") == "true", leaked.output[-2000:]
 
@@ -360,7 +375,7 @@ def test_the_teardown_abort_rerun_is_gloo_s_only(kind, simulated, rerun):
     assert diagnose.gloo_exit_abort(aborted, plan) is rerun
     assert diagnose.gloo_exit_abort("[rank1]: Traceback (most recent call last):\n" + aborted, plan) is False
     if rerun:
-        line = launcher._retry_line("abort", None, 1, plan)
+        line = launcher.retry_line("abort", None, 1, plan)
         assert ("not a property of hccl" in line) is simulated and ("on CPU" in line) is (kind == "cpu"), line
 
 

@@ -12,6 +12,7 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 from nbtools import LaunchError, LaunchTimeout, ParameterError, free_port
+from nbtools.launcher import NORMALISED_ENV
 from nbtools.machines import MACHINE_ENV, Job, failure_error, first_failure, run_all, run_machines, stand_in
 
 WRITTEN = (
@@ -22,7 +23,7 @@ WRITTEN = (
 
 def set_(env: dict) -> dict:
     """The variables a job sets; None marks one it removes (an ACCELERATE_* exported in the caller's shell)."""
-    return {k: v for k, v in env.items() if v is not None}
+    return {k: v for k, v in env.items() if v is not None and k != NORMALISED_ENV}  # the normaliser's marker aside
 
 
 def py(code: str) -> Job:

@@ -110,7 +110,7 @@ def test_parse_launch_splits_flags_script_and_args():
     assert call.extra_flags == ["--gradient_accumulation_steps", "2", "--debug"]
     assert call.env == {"HCCL_CONNECT_TIMEOUT": "600"} and call.written_visible == "0,1"
     assert call.written.timeout == 30 and call.written.text.startswith("ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL")
-    assert commands.parse_launch("accelerate launch t.py", default_processes=2).num_processes == 2
+    assert commands.parse_launch("accelerate launch t.py").num_processes is None  # not written: the normaliser fills it
     with pytest.raises(ParameterError, match="use %cmd"):
         commands.parse_launch("python t.py")
     with pytest.raises(ParameterError, match="needs a script"):

@@ -33,18 +33,20 @@ def test_numbers_between_closed_and_open():
 
 def test_each_rule_is_written_once_and_every_caller_says_the_same():
     """The count, device, precision and visible-card rules live in nbtools/device.py; params.validate, the plan, a
-    written launch and the session call them. Writing one of them again elsewhere fails here."""
+    written launch and the session call them. Writing one of them again elsewhere fails here; test_normaliser.py
+    finds a restatement by meaning (the single source changed, every entry point follows)."""
     import inspect
     from pathlib import Path
 
     import nbtools
     from nbtools import commands, params
     from nbtools.device import from_probe
+    from nbtools.launcher import launch_spec
 
     cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
     said = set()
     for call in (lambda: params.validate(num_processes=0, info=cpu), lambda: cpu.plan(0),
-                 lambda: commands.parse_launch("accelerate launch --num_processes 0 train.py")):
+                 lambda: launch_spec(commands.parse_launch("accelerate launch --num_processes 0 train.py"), info=cpu)):
         with pytest.raises(ParameterError, match=r"num_processes=0 is invalid; accepted: an integer >= 1$") as err:
             call()
         said.add(str(err.value).split("num_processes")[1])
@@ -56,7 +58,7 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
         params.validate(mixed_precision="fp16", info=cpu)
     assert cpu.mixed_precisions == cpu.mixed_precisions_on("cpu") == ("no", "bf16")
     sources = {p.name: p.read_text(encoding="utf-8") for p in Path(nbtools.__file__).parent.glob("*.py")}
-    for rule in ("integer >= {minimum}", '("auto", *KINDS)', '("no", "bf16")', 'split(",")'):
+    for rule in ("integer >= {minimum}", '("auto", *KINDS)', "p != \"fp16\"", 'split(",")', "after + n - len(ids)"):
         assert [name for name, text in sources.items() if rule in text] == ["device.py"], rule
     assert "isinstance(value, bool) or not isinstance(value, int)" not in inspect.getsource(params)
 
