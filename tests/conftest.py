@@ -176,8 +176,19 @@ def pytest_xdist_auto_num_workers(config) -> int:
     return max(1, min(2, os.cpu_count() or 1))
 
 
+# The suite's longest files, longest first, as measured in CI (`--durations`): with `--dist loadfile
+# --no-loadscope-reorder` (pyproject.toml) xdist hands the files out in this order, two per worker, then the rest
+# as the workers free up, so that the workers end together and no long file starts last. xdist's own order (most
+# tests first) started the long files of few tests last. (`--dist loadgroup` would split a file, but with pytest 9.2
+# it groups nothing: pytest-xdist issue 1386.)
+LONGEST_FIRST = ("test_install.py", "test_simnpu.py", "test_notebooks.py", "test_route_proof.py",
+                 "test_accelerate_suite.py", "test_own_job.py", "test_launcher.py", "test_reliability.py",
+                 "test_guard.py", "test_lifecycle.py")
+
+
 def pytest_collection_modifyitems(items) -> None:
-    """The offline series run first (the longest file: the other worker takes the rest meanwhile), the `alone`
-    tests' files last (they wait for every running test, the series run included)."""
+    """The longest files first (LONGEST_FIRST, then the rest as collected), the `alone` tests' files last (they wait
+    for every running test, a series run included)."""
     alone = {item.path for item in items if item.get_closest_marker("alone")}
-    items.sort(key=lambda item: 0 if item.path.name == "test_notebooks.py" else 2 if item.path in alone else 1)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: (item.path in alone, rank.get(item.path.name, len(rank))))
