@@ -297,10 +297,11 @@ def warm_up() -> None:
 TINY = "from accelerate import Accelerator\na = Accelerator()\na.print(f'world={a.num_processes}')\na.end_training()\n"
 
 
-def _timed(cmd: list[str], env: dict | None = None, timeout: float = 600) -> float:
+def _timed(cmd: list[str], env: dict | None = None, timeout: float = 600, cwd: Path | None = None) -> float:
     """Wall seconds of ``cmd``; on a timeout or a failure its whole tree is stopped (ranks included)."""
     start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
     known: dict = {}  # pid -> psutil.Process: the command and every descendant seen
     try:
         while proc.poll() is None:
@@ -329,7 +330,7 @@ def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     _timed(ours_cmd)  # fills the probe cache, as any first call does
     plain, ours = [], []
     for i in range(repeat):  # pairs, their order alternating, so that a load change hits both alike
-        runs = {"plain": lambda: _timed(spec.argv(spec.next_port()), env=env),
+        runs = {"plain": lambda: _timed(spec.argv(spec.next_port()), env=env, cwd=scratch),  # its config file is there
                 "ours": lambda: _timed(ours_cmd)}
         got = {name: runs[name]() for name in (("plain", "ours") if i % 2 == 0 else ("ours", "plain"))}
         plain.append(got["plain"])
@@ -346,12 +347,12 @@ def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
 
 
 # ---------------------------------------------------------------- 4b. where a launch's time goes
-def _cpu_timed(cmd: list[str], env: dict | None = None) -> tuple[float, float]:
+def _cpu_timed(cmd: list[str], env: dict | None = None, cwd: Path | None = None) -> tuple[float, float]:
     """(wall, CPU) seconds of ``cmd`` and every process it waited for (the ranks of an accelerate launch)."""
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    wall = _timed(cmd, env=env)
+    wall = _timed(cmd, env=env, cwd=cwd)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
 
@@ -374,7 +375,7 @@ def launch_parts(scratch: Path, repeat: int, log=print) -> dict:
              "2-rank launch of train_npu.py": train.argv(-1)}
     res = {}
     for name, cmd in parts.items():
-        runs = [_cpu_timed([str(free_port()) if c == "-1" else c for c in cmd], env=env)
+        runs = [_cpu_timed([str(free_port()) if c == "-1" else c for c in cmd], env=env, cwd=scratch)
                 for _ in range(repeat)]
         res[name] = {"wall_s": round(statistics.median(w for w, _ in runs), 2),
                      "cpu_s": round(statistics.median(c for _, c in runs), 2)}

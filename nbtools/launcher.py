@@ -94,10 +94,10 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     ``machine``: one machine of a multi-machine job written for real hosts (06): its flags kept as written, the
     ranks on this host's CPU."""
     s = session.current()
-    written = call.plan_flags  # --cpu means device="cpu"; a written port is used; the others are the plan's
-    device = "cpu" if "--cpu" in written or machine else device if device is not None else s.device_param if s else "auto"
+    plan_flags = call.plan_flags  # written: --cpu means device="cpu"; a written port is used; the rest the plan's
+    device = "cpu" if "--cpu" in plan_flags or machine else device if device is not None else s.device_param if s else "auto"
     timeout = (s.timeout_s if s else DEFAULT_TIMEOUT_S) if timeout is FROM_SESSION else timeout
-    if (port := written.get("--main_process_port")) is not None and not (str(port).isdigit() and 0 < int(port) < 65536):
+    if (port := plan_flags.get("--main_process_port")) is not None and not (str(port).isdigit() and 0 < int(port) < 65536):
         raise ParameterError(f"--main_process_port={port!r} is invalid; accepted: a port number 1-65535")
     port = None if port is None else int(port)
     n = call.num_processes if call.num_processes is not None else s.num_processes if s else device_rules.DEFAULT_PROCESSES
@@ -129,10 +129,10 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     if call.mixed_precision is None:
         why.append(f"没写 --mixed_precision：用 {precision}（Accelerate 的默认）")
     if plan.num_processes > 1 and call.written is not None:
-        why.append(f"照写的会合端口 {port}" if "--main_process_port" in written else "用一个空闲的会合端口代替 29500")
-    if "--cpu" in written:
+        why.append(f"照写的会合端口 {port}" if "--main_process_port" in plan_flags else "用一个空闲的会合端口代替 29500")
+    if "--cpu" in plan_flags:
         why.append("照写的 --cpu：在 CPU 上运行")
-    if replaced := [k for k in written if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
+    if replaced := [k for k in plan_flags if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
         why.append(f"你写的 {' '.join(replaced)} 由本机的启动计划决定")
     why.append(_config_why(call, plan))
     head = (*plan.flags, "--mixed_precision", precision, *config_flags, *call.extra_flags)
