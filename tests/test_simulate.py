@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS
+from conftest import NOTEBOOKS, ROOT, skip_outside_ci
 
 from nbtools import ParameterError, device
 from nbtools.device import SIMULATED, detect, from_probe
@@ -92,9 +92,28 @@ def _checks(report) -> dict[str, tuple[str, str]]:
 GATHER = os.path.join(NOTEBOOKS, "02_distributed_eval.ipynb")
 
 
-def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(tmp_path):
-    proc, report, out = _run([GATHER], tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+# The README's ci:series-simulated-npu run, which .ci/run makes before the tests: its 02 is the run read below.
+SIMULATED_SERIES = Path(ROOT) / "nbtools-output" / "simulated-npu"
+
+
+@pytest.fixture(scope="module")
+def simulated_series() -> Path:
+    """The output folder of the README's `ci:series-simulated-npu` run, if it is newer than what it ran."""
+    report = SIMULATED_SERIES / "report.json"
+    if not report.is_file():
+        skip_outside_ci(f"no simulated-NPU series report at {report}: run the README's ci:series-simulated-npu command")
+    sources = [*Path(NOTEBOOKS).glob("*.ipynb"), *(Path(ROOT) / "nbtools").glob("*.py"),
+               *(Path(ROOT) / "simnpu" / "site").rglob("*.py")]
+    if report.stat().st_mtime < max(f.stat().st_mtime for f in sources):
+        skip_outside_ci(f"{report} is older than the notebooks, nbtools or simnpu: rerun ci:series-simulated-npu")
+    return SIMULATED_SERIES
+
+
+def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(simulated_series):
+    """Read from the simulated-NPU series run (no second run of 02 here); the console's device line is held by
+    tests/test_guard.py (a run on the simulated NPU through the examples guard)."""
+    out = simulated_series
+    report = json.loads((out / "report.json").read_text())
     assert report["device"]["simulated"] is True and report["device"]["kind"] == "npu"
     checks = _checks(report)
     assert checks["acc-gather-multi"][0] == "passed", checks
@@ -116,13 +135,12 @@ def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(tmp_path)
     assert (pairs["--num_machines"], pairs["--dynamo_backend"], pairs["--mixed_precision"]) == ("1", "no", "no"), real
     assert pairs["--config_file"] == "accelerate_config_multi_npu.json" and pairs["--main_process_port"].isdigit(), real
     label = f"{SIMULATED} x2 (Ascend910B4)"
-    assert label in proc.stdout
     assert label in (out / "report.md").read_text(encoding="utf-8")
     assert label in (out / "index.html").read_text(encoding="utf-8")
     props = {p.get("name"): p.get("value") for p in ET.parse(out / "junit.xml").getroot().iter("property")}
     assert props["device"] == label
     result = json.loads((out / "result.json").read_text(encoding="utf-8"))  # Ascend's examples-guard record
-    assert result["job_status"] == "success" and result["path"] == "02_distributed_eval.ipynb"
+    assert result["job_status"] == "success" and "02_distributed_eval.ipynb" in result["path"].split(), result["path"]
     assert result["device"] == {"kind": "npu", "count": 2, "names": ["Ascend910B4"] * 2, "simulated": True}
     assert result["versions"]["torch_npu"].endswith("+simulated") and {"trigger", "target_repo", "image"} <= set(result)
 
