@@ -21,8 +21,9 @@ under ``nbtools.answers`` (a list: one exercise may have several)::
                 "code": 0}],                           # ... code block 0 of the answer, as the learner reads it
      "expect": {"bigmodel-exact": "failed: Tensor-likes are not close"}}
 
-An answer that edits a ``%%writefile`` cell runs as the lesson tells a learner to (``same_kernel``): the whole
-lesson, then the edited cell and every cell below it in the same kernel (``"fresh_kernel": true`` opts out).
+An answer that edits a ``%%writefile`` cell runs as the lesson tells a learner to (``same_kernel``): the lesson up
+to the exercise, then the edited cell and every cell below it in the same kernel (``"fresh_kernel": true`` opts out).
+Cells after the last check the answer expects a verdict of are left out (``without_tail``).
 
 Edits: ``{"cell", "after", "code"}`` inserts lines after a line; ``{"cell", "replace", "code"}``
 replaces text; ``{"new_cell_before", "code"}`` inserts a code cell before the one cell (of any
@@ -321,20 +322,30 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
         cell.source += "\n" + "\n".join(f"{k} = {v!r}  # set by this answer" for k, v in params.items())
 
 
-def same_kernel(lesson, variant, spec: dict) -> None:
-    """An answer that edits a ``%%writefile`` cell, run as the lesson tells a learner: the whole lesson first (its
-    checks not judged), then, in the same kernel, the edited ``%%writefile`` cell and every cell below it. A module
-    the kernel imported from the old script stays imported unless the lesson reloads it: that error shows here."""
+def same_kernel(lesson, variant, spec: dict, exercise: int) -> None:
+    """An answer that edits a ``%%writefile`` cell, run as the lesson tells a learner: the lesson up to the exercise
+    first (its checks not judged), then, in the same kernel, the edited ``%%writefile`` cell and every cell below it. A
+    module the kernel imported from the old script stays imported unless the lesson reloads it: that error shows here."""
     edited = [e["cell"] for e in spec.get("edits", []) if e.get("cell", "").startswith("%%writefile")]
     if not edited or spec.get("fresh_kernel"):
         return
     start = min(variant.cells.index(_one(variant.cells, text)) for text in edited)
-    end = max(i for i, c in enumerate(lesson.cells) if c.cell_type == "code" and "S.close()" in c.source)
-    first = lesson.cells[:end]
+    first = lesson.cells[:exercise]
     for i, c in enumerate(first):
         c.metadata["tags"] = [t for t in c.metadata.get("tags", []) if t == "parameters" or ":" not in t]
         c.id = f"first-{i}"
     variant.cells = first + variant.cells[start:]
+
+
+def without_tail(variant, spec: dict) -> None:
+    """Cells after the last check whose verdict the answer expects cannot change it: they are left out (the lesson's
+    closing ``S.close()`` cell kept). An answer that expects the notebook's own status runs whole."""
+    ids = set(spec["expect"]) - {"notebook"}
+    tagged = [i for i, c in enumerate(variant.cells) if ids & set(check_ids(c.metadata.get("tags")))]
+    if "notebook" in spec["expect"] or not tagged:
+        return
+    closing = [c for c in variant.cells[max(tagged) + 1:] if c.cell_type == "code" and "S.close()" in c.source]
+    variant.cells = variant.cells[: max(tagged) + 1] + closing[-1:]
 
 
 def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
@@ -351,7 +362,8 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
                     apply(variant, spec, answer_blocks(cell.source))
                     lesson = nbformat.read(path, as_version=4)
                     apply(lesson, {"params": spec.get("params")}, [])  # the learner's parameters hold for the first run too
-                    same_kernel(lesson, variant, spec)
+                    same_kernel(lesson, variant, spec, index)
+                    without_tail(variant, spec)
                 except ParameterError as exc:
                     answer.problems.append(str(exc))
                 else:
