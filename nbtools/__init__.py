@@ -22,7 +22,7 @@ if _TOO_OLD:
 from .checks import SEED_CHECKS, passed, skipped
 from .commands import CommandNotHere
 from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
-from .diagnose import Result
+from .diagnose import CommandResult
 from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
 from .expected import assert_matches, match, parse_kv
 from .guarded import free_port, run_command
@@ -52,7 +52,7 @@ __all__ = [
     "OutputMismatch",
     "ParameterError",
     "Session",
-    "Result",
+    "CommandResult",
     "accelerate_launch",
     "LaunchOptions",
     "assert_matches",

@@ -297,7 +297,7 @@ class LaunchCall:
     extra_flags: list[str]  # written flags other than those the plan decides (device.PLAN_FLAGS)
     env: dict[str, str]  # written variables other than the visible-devices ones
     written_visible: str | None = None
-    written: WrittenCommand | None = None  # the whole command as written: its options (--timeout, --background, ...)
+    command: WrittenCommand | None = None  # the whole command as written: its options (--timeout, --background, ...)
     config_file: str | None = None  # the learner's own --config_file, honoured as `accelerate launch` does
     config: dict = field(default_factory=dict)  # what that file says
     plan_flags: dict = field(default_factory=dict)  # written flags the plan decides (PLAN_FLAGS): launch_spec says how
@@ -331,7 +331,7 @@ def parse_launch(text: str) -> LaunchCall:
     env = dict(written.env)
     visible = [env.pop(var) for var in VISIBLE_VARS.values() if var in env]  # the plan's (DeviceInfo.cards)
     call = _read_call(written.argv[2:], env)
-    call.written, call.written_visible = written, (visible or [None])[-1]
+    call.command, call.written_visible = written, (visible or [None])[-1]
     return call
 
 

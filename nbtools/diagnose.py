@@ -1,4 +1,4 @@
-"""Read what a command printed: its ``Result``, whether it failed, which rank failed first, and why.
+"""Read what a command printed: its ``CommandResult``, whether it failed, which rank failed first, and why.
 
 A launch fails on a non-zero exit, on an error marker in its output (ERROR_MARKERS: the quick-start's
 doc-test engine fails a run on them), or on its timeout. The one benign exception is torch elastic's
@@ -57,7 +57,7 @@ def unglue_warning(line: str) -> str:
 
 
 @dataclass
-class Result:
+class CommandResult:
     command: str  # as a learner would type it
     argv: list[str]
     returncode: int
@@ -66,7 +66,7 @@ class Result:
     plan: LaunchPlan | None = None
     port: int | None = None
     killed: list[int] = field(default_factory=list)
-    written: str | None = None  # the command as the learner wrote it, when it differs from ``command``
+    as_written: str | None = None  # the command as the learner wrote it, when it differs from ``command``
     notes: list[str] = field(default_factory=list)  # benign oddities the launcher recognised and explained
 
     @property
@@ -80,7 +80,7 @@ class Result:
 
     def __repr__(self) -> str:  # a cell ending in `%cmd ...` shows this, below the streamed output
         lines = len(self.output.splitlines())
-        return f"<Result: exit {self.returncode}, {lines} line(s) of output in {self.duration_s:.1f} s>"
+        return f"<CommandResult: exit {self.returncode}, {lines} line(s) of output in {self.duration_s:.1f} s>"
 
 
 def _tail(text: str, n: int = 25) -> str:
@@ -162,7 +162,7 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
     return "".join(kept), [EXIT_BARRIER_NOTE]  # EXIT_BARRIER is in the output: some line held it
 
 
-def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -> None:
+def raise_on_failure(result: CommandResult, markers: tuple[str, ...] = ERROR_MARKERS) -> None:
     text, _ = benign_blocks(result.output, result.returncode)
     found = [m for m in markers if m in text]
     if result.returncode == 0 and not found:
@@ -185,7 +185,7 @@ def raise_on_failure(result: Result, markers: tuple[str, ...] = ERROR_MARKERS) -
     raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result, rank, line)
 
 
-def timeout_message(result: Result, before: str, timeout: float | None, timeout_name: str) -> str:
+def timeout_message(result: CommandResult, before: str, timeout: float | None, timeout_name: str) -> str:
     return (
         f"stopped after {timeout_name}={timeout:g} s: the command was still running "
         f"(every process of it has been ended).\n  $ {result.command}\n"

@@ -1,4 +1,4 @@
-"""Run a command under the guardian (guard.py): its output streamed into the cell and kept, its whole
+"""Run a command under the guardian (guardian.py): its output streamed into the cell and kept, its whole
 process tree stopped on timeout, failure, Ctrl-C (JupyterLab's stop button) and kernel restart.
 
 ``run_command`` runs one and waits; ``start_background`` starts one and returns a ``Background`` handle.
@@ -26,11 +26,11 @@ from pathlib import Path
 
 from .commands import shell_line
 from .device import LaunchPlan
-from .diagnose import Result, benign_blocks, raise_on_failure, timeout_message, unglue_warning
+from .diagnose import CommandResult, benign_blocks, raise_on_failure, timeout_message, unglue_warning
 from .errors import LaunchError, LaunchTimeout
 from .proctree import GRACE, kill_now
 
-GUARD = str(Path(__file__).with_name("guard.py"))  # the parent of every command started here
+GUARDIAN = str(Path(__file__).with_name("guardian.py"))  # the parent of every command started here
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
@@ -46,24 +46,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 class Shown:
     """What a cell prints about a command; nothing else depends on it.
 
-    ``command`` replaces the printed command line; ``written`` is the command as the learner typed it (the
+    ``command`` replaces the printed command line; ``as_written`` is the command as the learner typed it (the
     quick-start's form): printed first, and when it differs from what really runs, the real command follows
     with ``why``. ``timeout_name`` is the parameter a timeout message tells the learner to raise.
     """
 
     echo: bool = True
     command: str | None = None
-    written: str | None = None
+    as_written: str | None = None
     why: str = ""
     timeout_name: str = "timeout"
     also: tuple[tuple[str, str], ...] = ()  # variables set beyond the printed ones (filled in by run_command)
 
     def announce(self, real: str) -> str:
         """The lines printed before ``real`` runs: as written, then as it runs here, why, what else is set."""
-        if not self.written or self.written.strip() == real.strip():
+        if not self.as_written or self.as_written.strip() == real.strip():
             text = f"$ {real}\n"
         else:
-            text = f"$ {self.written}\n# runs here as: {real}\n" + (f"# why: {self.why}\n" if self.why else "")
+            text = f"$ {self.as_written}\n# runs here as: {real}\n" + (f"# why: {self.why}\n" if self.why else "")
         if self.also:
             text += "# also set: " + shell_line([], dict(self.also)).strip() + "\n"
         return text
@@ -98,12 +98,12 @@ def run_command(
     check: bool = True,
     offline: bool = True,
     echo: bool | Shown = True,
-) -> Result:
+) -> CommandResult:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
     ``env``: see ``environment_and_shown``. ``echo``: print the command and stream its output (True), nothing (False),
     or a ``Shown``. A non-zero exit, an error marker (diagnose.ERROR_MARKERS) or the timeout raises,
-    unless ``check`` is False (the timeout always raises). The Result is built here only (a launch adds its plan and
+    unless ``check`` is False (the timeout always raises). The CommandResult is built here only (a launch adds its plan and
     port to it).
     """
     full_env, shown = environment_and_shown(argv, env, offline, echo)
@@ -164,8 +164,8 @@ class _Output:
         return "".join(self.lines)
 
 
-def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
-    """Start ``argv`` under a guardian (guard.py), pump its output, stop its tree on any way out."""
+def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> CommandResult:
+    """Start ``argv`` under a guardian (guardian.py), pump its output, stop its tree on any way out."""
     out = sys.stdout
     if shown.echo:
         print(shown.announce(shown.command), end="", flush=True)
@@ -192,8 +192,8 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> Result:
     if status.get("returncode") is None:
         raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {shown.command}")
     _, notes = benign_blocks(output.text, status["returncode"])
-    result = Result(shown.command, list(argv), status["returncode"], output.text, time.monotonic() - start,
-                    killed=status.get("killed") or [], written=shown.written, notes=notes)
+    result = CommandResult(shown.command, list(argv), status["returncode"], output.text, time.monotonic() - start,
+                    killed=status.get("killed") or [], as_written=shown.as_written, notes=notes)
     if shown.echo and notes:
         print("".join(note + "\n" for note in notes), end="", file=out, flush=True)
     if check:  # the one place that decides whether a failure raises (a launch decides only whether to rerun)
@@ -208,13 +208,13 @@ def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) 
     status = _halt(proc)
     output.close()
     output.drain(echo=False)
-    result = Result(shown.command, list(argv), -9, output.text, time.monotonic() - start,
-                    killed=status.get("killed") or [], written=shown.written)
+    result = CommandResult(shown.command, list(argv), -9, output.text, time.monotonic() - start,
+                    killed=status.get("killed") or [], as_written=shown.as_written)
     raise LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
 
 
 def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
-    """Start ``argv`` under a guardian (guard.py) in a new session; its stdin is our control line."""
+    """Start ``argv`` under a guardian (guardian.py) in a new session; its stdin is our control line."""
     if os.path.dirname(argv[0]):  # a path: relative to cwd, as Popen (and the guardian) resolve it
         exe = os.path.join(cwd or "", argv[0])
     else:
@@ -223,7 +223,7 @@ def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
     return subprocess.Popen(
-        [sys.executable, GUARD, "--grace", str(GRACE), "--", *argv],
+        [sys.executable, GUARDIAN, "--grace", str(GRACE), "--", *argv],
         stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
         stdout=stdout,
         stderr=subprocess.PIPE,  # the guardian's status line
@@ -240,7 +240,7 @@ def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = Tru
     script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
     log = Path(cwd or os.getcwd()) / f"{Path(script).stem}.log"
     if shown.echo:
-        print(replace(shown, written=shown.written and f"{shown.written} &").announce(
+        print(replace(shown, as_written=shown.as_written and f"{shown.as_written} &").announce(
             f"{shown.command} > {log.name} 2>&1 &"), end="", flush=True)
     with open(log, "wb") as out:
         proc = _guarded(argv, full_env, cwd, stdout=out)

@@ -23,7 +23,7 @@ from . import device as device_rules
 from . import session
 from .commands import LaunchCall, executable, shell_line
 from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, write_files
-from .diagnose import Result, gloo_exit_abort
+from .diagnose import CommandResult, gloo_exit_abort
 from .errors import LaunchError, LaunchTimeout, ParameterError
 from .guarded import Background, Shown, as_shown, free_port, run_command, start_background
 from .params import DEFAULT_TIMEOUT_S, validate
@@ -128,7 +128,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
         why.append(f"{plan.num_processes} 个进程的计划用卡 {cards}")
     if call.mixed_precision is None:
         why.append(f"没写 --mixed_precision：用 {precision}（Accelerate 的默认）")
-    if plan.num_processes > 1 and call.written is not None:
+    if plan.num_processes > 1 and call.command is not None:
         why.append(f"照写的会合端口 {port}" if "--main_process_port" in plan_flags else "用一个空闲的会合端口代替 29500")
     if "--cpu" in plan_flags:
         why.append("照写的 --cpu：在 CPU 上运行")
@@ -163,7 +163,7 @@ class LaunchOptions:
     offline: bool = True
     background: bool = False
     echo: bool = True  # what is shown
-    written: str | None = None
+    as_written: str | None = None
     timeout_name: str = "timeout_s"
     fit: bool = False  # the learner's own job: fewer cards than --num_processes shrinks the count (DeviceInfo.plan)
 
@@ -171,14 +171,14 @@ class LaunchOptions:
 def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processes: int | None = None,
                       mixed_precision: str | None = None, device: str | None = None,
                       timeout: float | None | object = FROM_SESSION,
-                      options: LaunchOptions = LaunchOptions()) -> Result | Background:
+                      options: LaunchOptions = LaunchOptions()) -> CommandResult | Background:
     """``accelerate launch script ...`` on ``num_processes`` ranks, decided by ``launch_spec`` and run by ``launch``;
     the why line is always the one the launch rule derives. None: from the open session, else the defaults."""
     o = options
     call = LaunchCall.of(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision, env=o.env,
                          extra_flags=o.extra_flags)  # a port: ("--main_process_port", N) among them
     spec = launch_spec(call, info=o.info, device=device, timeout=timeout, cwd=o.cwd, fit=o.fit)
-    shown = Shown(echo=o.echo, written=o.written, timeout_name=o.timeout_name)
+    shown = Shown(echo=o.echo, as_written=o.as_written, timeout_name=o.timeout_name)
     return launch(spec, check=o.check, offline=o.offline, echo=shown, background=o.background)
 
 
@@ -193,7 +193,7 @@ def launch_config(distributed_type: str, folder: str | os.PathLike) -> list[str]
 
 
 def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: bool | Shown = True,
-           background: bool = False) -> Result | Background:
+           background: bool = False) -> CommandResult | Background:
     """Run the launch ``spec`` decided; on a port taken meanwhile retry on another; on a gloo teardown
     abort rerun, at most twice. ``echo``: as for ``run_command`` (its ``why`` defaults to the spec's).
 
@@ -218,7 +218,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
                                         check=check, offline=offline, echo=this), None
         except LaunchError as exc:
             result, error = exc.result, exc
-        if result is not None:  # the Result run_command built, with this launch's plan and port
+        if result is not None:  # the CommandResult run_command built, with this launch's plan and port
             result.plan, result.port = spec.plan, port
         last = attempt + 1 == tries or isinstance(error, LaunchTimeout)  # a timeout is never run again
         if (retry := None if last else _retry_reason(result, spec, abort_reruns)) is None:
@@ -231,14 +231,14 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
     return result
 
 
-def _retry_reason(result: Result, spec: LaunchSpec, abort_reruns: int) -> str | None:
+def _retry_reason(result: CommandResult, spec: LaunchSpec, abort_reruns: int) -> str | None:
     """"port" (taken meanwhile), "abort" (a gloo teardown abort after the work) or None: keep this result."""
     if result.returncode != 0 and spec.port is None and spec.plan.num_processes > 1 and _PORT_IN_USE.search(result.output):
         return "port"
     return "abort" if result.returncode != 0 and abort_rerun(result, spec.plan, abort_reruns) else None
 
 
-def abort_rerun(result: Result | None, plan: LaunchPlan, abort_reruns: int) -> bool:
+def abort_rerun(result: CommandResult | None, plan: LaunchPlan, abort_reruns: int) -> bool:
     """Is this failure a gloo teardown abort after the work, to be run again (at most MAX_ABORT_RERUNS)? The
     launcher and the machines of 06 both ask here."""
     return result is not None and abort_reruns < MAX_ABORT_RERUNS and gloo_exit_abort(result.output, plan)

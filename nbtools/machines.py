@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from . import commands
-from .diagnose import Result, benign_blocks
+from .diagnose import CommandResult, benign_blocks
 from .errors import LaunchError, LaunchTimeout
 from .guarded import Shown, run_command
 from .launcher import LaunchSpec, abort_rerun, launch_spec, retry_line
@@ -35,7 +35,7 @@ class Job:
 
     argv: list[str]
     env: dict[str, str]
-    written: str = ""
+    as_written: str = ""
     why: str = ""
     spec: LaunchSpec | None = None  # a machine's launch, as the normaliser decided it
 
@@ -49,7 +49,7 @@ class Job:
 class Outcome:
     """How one job ended: its result (also when it failed), its error, whether it was stopped by us."""
 
-    result: Result | None
+    result: CommandResult | None
     error: LaunchError | None = None
     stopped: bool = False  # stopped because another job failed (or Ctrl-C), not by a fault of its own
     ended: float = 0.0  # time.monotonic() when it ended
@@ -63,7 +63,7 @@ def stand_in(text: str, folder: str | os.PathLike = ".") -> Job:
     """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts, decided by
     the normaliser (launcher.launch_spec, ``machine=True``); the config file it names is written into ``folder``."""
     spec = launch_spec(commands.parse_launch(text), cwd=folder, timeout=None, machine=True)
-    return Job(spec.argv(None), spec.run_env(), spec.call.written.text, spec.why, spec)
+    return Job(spec.argv(None), spec.run_env(), spec.call.command.text, spec.why, spec)
 
 
 def stop(token: str) -> bool:
@@ -151,12 +151,12 @@ def print_outcomes(outcomes: list[Outcome], name: str = "machine") -> None:
         print("\n".join([text.rstrip(), *notes]).strip())
 
 
-def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str = "timeout_s") -> list[Result]:
+def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str = "timeout_s") -> list[CommandResult]:
     """Run one simulated machine per written command, all at once; print each output; raise on a failure."""
     jobs = [stand_in(text) for text in texts]
     for rank, job in enumerate(jobs):
         print(f"# machine {rank}:")
-        print(Shown(written=job.written, why=job.why if rank == 0 else "").announce(job.shown).rstrip())
+        print(Shown(as_written=job.as_written, why=job.why if rank == 0 else "").announce(job.shown).rstrip())
     start = time.monotonic()
     reruns = 0
     outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)

@@ -3,9 +3,9 @@
 ``%load_ext nbtools`` registers them. Each prints ``$ <command as written>``, then, where this machine
 needs another command for the same meaning, ``# runs here as: <real>`` and ``# why: <one line>``
 (rules in commands.py and launcher.py), streams the output (guarded.run_command underneath: timeout,
-whole process tree stopped, error markers) and returns an ``nbtools.Result``.
+whole process tree stopped, error markers) and returns an ``nbtools.CommandResult``.
 
-Options before the command: ``--timeout S``, ``--allow-fail`` (return the Result instead of raising),
+Options before the command: ``--timeout S``, ``--allow-fail`` (return the CommandResult instead of raising),
 ``--online`` (let Hugging Face reach the network), and for ``%launch`` ``--background`` (return a
 ``guarded.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end) and ``--fit``
 (the learner's own job: fewer visible cards than ``--num_processes`` shrinks the count, the ranks run on the cards,
@@ -24,7 +24,7 @@ from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import commands, session
 from .device import detect
-from .diagnose import Result
+from .diagnose import CommandResult
 from .errors import LaunchError, ParameterError
 from .guarded import Shown, run_command
 from .launcher import FROM_SESSION, launch, launch_spec
@@ -82,15 +82,15 @@ def expand_outside_program(text: str, namespace: dict) -> str:
     return expand_fields(text, namespace)
 
 
-def _failed(exc: LaunchError, written: commands.WrittenCommand) -> Result:
-    """--allow-fail: hand back the failed run's Result (the failure is printed, not raised)."""
+def _failed(exc: LaunchError, written: commands.WrittenCommand) -> CommandResult:
+    """--allow-fail: hand back the failed run's CommandResult (the failure is printed, not raised)."""
     if exc.result is None or not written.allow_fail:
         raise exc
     print(f"[nbtools] --allow-fail: {str(exc).splitlines()[0]}")
     return exc.result
 
 
-def run_written(text: str) -> Result:
+def run_written(text: str) -> CommandResult:
     """``%cmd``: run a written command (after ``{expr}`` expansion) the way this machine needs."""
     written = commands.parse(text)
     if written.background or written.fit:
@@ -100,7 +100,7 @@ def run_written(text: str) -> Result:
     real = commands.command_here(written, info, device)
     same = real.argv == written.argv and real.env == written.env
     shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
-                  written=written.text, why=real.why_line,  # kept on the Result (run_command builds it)
+                  as_written=written.text, why=real.why_line,  # kept on the CommandResult (run_command builds it)
                   timeout_name="--timeout" if written.timeout else timeout_name)
     try:
         return run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
@@ -109,12 +109,12 @@ def run_written(text: str) -> Result:
         return _failed(exc, written)
 
 
-def run_launch(text: str) -> Result:
+def run_launch(text: str) -> CommandResult:
     """``%launch``: a written ``accelerate launch`` run with this machine's launch plan."""
     call = commands.parse_launch(text)
-    written = call.written
+    written = call.command
     timeout_name = "--timeout" if written.timeout else "timeout_s" if session.current() else "the default timeout"
-    shown = Shown(written=written.text, timeout_name=timeout_name)
+    shown = Shown(as_written=written.text, timeout_name=timeout_name)
     try:  # what is not written comes from the session (launch_spec, the normaliser)
         spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
         return launch(spec, check=not written.allow_fail, offline=not written.online, echo=shown,

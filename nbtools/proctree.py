@@ -4,7 +4,7 @@
 group, so killing a process group leaves workers running, still holding their devices. Processes are
 therefore found by walking trees (``descendants``, ``remember``) or by the marker variable every
 process of a launch inherits (``marked``), and stopped with one loop: SIGTERM, a grace period, SIGKILL
-(``terminate_then_kill``). It imports only psutil and the standard library: the guardian (guard.py),
+(``terminate_then_kill``). It imports only psutil and the standard library: the guardian (guardian.py),
 which must start in milliseconds, imports it as a sibling module.
 """
 

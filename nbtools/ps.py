@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from .guarded import GUARD, MARKER_ENV
+from .guarded import GUARDIAN, MARKER_ENV
 from .npusmi import parse_npu_smi, summary
 from .proctree import GRACE, existing, marked, stop_from_top
 
@@ -54,7 +54,7 @@ def find() -> list[Launch]:
         starter_pid = int(starter) if starter.isdigit() else 0
         if launch_id not in groups:
             groups[launch_id] = Launch(launch_id, starter_pid, bool(starter_pid) and psutil.pid_exists(starter_pid))
-        role = "guardian" if GUARD in cmd else "worker"
+        role = "guardian" if GUARDIAN in cmd else "worker"
         groups[launch_id].processes.append(LaunchProcess(proc.pid, now - created, role, " ".join(cmd).replace("\n", " ")))
     for launch in groups.values():
         guardians = {p.pid for p in launch.processes if p.role == "guardian"}

@@ -12,7 +12,7 @@ loads require.js, MathJax and mermaid from cdnjs (and the widget renderer from a
 a notebook has widget state); the template below keeps its inlined CSS and drops those
 blocks. LaTeX in markdown then shows as source, which these notebooks do not use.
 
-The data model they write (RunReport and its parts) is results.py's: runner.py fills it, this module writes it out.
+The data model they write (RunReport and its parts) is run_results.py's: runner.py fills it, this module writes it out.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import nbformat
 from .checks import Status, check_ids
 from .commands import shell_line
 from .device import device_line, installed
-from .results import RunReport, status_counts, strip_ansi
+from .run_results import RunReport, status_counts, strip_ansi
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

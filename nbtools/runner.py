@@ -44,7 +44,7 @@ from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
 from .params import convert_parameters, parameter_defaults
 from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill
-from .results import DEFAULT_KERNEL, CheckResult, Failure, NotebookResult, RunReport, strip_ansi
+from .run_results import DEFAULT_KERNEL, CheckResult, Failure, NotebookResult, RunReport, strip_ansi
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"

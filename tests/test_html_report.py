@@ -16,7 +16,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_outp
 from nbtools import report as report_module
 from nbtools.checks import VERDICT_MIME
 from nbtools.report import write_all
-from nbtools.results import CheckResult, NotebookResult, RunReport
+from nbtools.run_results import CheckResult, NotebookResult, RunReport
 
 CPU = {
     "kind": "cpu",

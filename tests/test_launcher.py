@@ -78,20 +78,20 @@ def test_a_crashing_rank_fails_fast_with_its_traceback_and_leaves_nothing(worker
     assert msg.splitlines()[0].endswith("-- rank 1: RuntimeError: boom on rank 1")  # the reason a report shows
     assert err.value.result.returncode != 0
     assert (err.value.rank, err.value.line) == (1, "RuntimeError: boom on rank 1")  # as fields, read by diagnose
-    assert err.value.result.plan.num_processes == 2 and err.value.result.port  # the Result built once, with its launch
+    assert err.value.result.plan.num_processes == 2 and err.value.result.port  # the result built once, with its launch
     assert wait_gone(str(worker)) == []
 
 
 def test_a_failure_read_from_output_carries_its_rank_and_line():
     """The fields come from where the output is read (diagnose.raise_on_failure), without running anything."""
-    from nbtools.diagnose import Result, raise_on_failure
+    from nbtools.diagnose import CommandResult, raise_on_failure
 
     out = "[rank0]: ok\n[rank1]: Traceback (most recent call last):\n[rank1]:   File \"w.py\"\n[rank1]: ValueError: bad x\n"
     with pytest.raises(LaunchError) as err:
-        raise_on_failure(Result("c", ["c"], 1, out, 0.1))
+        raise_on_failure(CommandResult("c", ["c"], 1, out, 0.1))
     assert (err.value.rank, err.value.line) == (1, "ValueError: bad x")
     with pytest.raises(LaunchError) as err:
-        raise_on_failure(Result("c", ["c"], 2, "no ranks here\n", 0.1))
+        raise_on_failure(CommandResult("c", ["c"], 2, "no ranks here\n", 0.1))
     assert (err.value.rank, err.value.line) == (None, None)
 
 
@@ -386,7 +386,7 @@ def test_the_printed_command_pasted_into_bash_gives_the_same_verdict(tmp_path, c
         monkeypatch.delenv(name, raising=False)  # a learner's terminal: the launcher sets them, and must say so
     (tmp_path / "w.py").write_text(WORKER)
     written = "ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 w.py"
-    result = nbtools.accelerate_launch("w.py", num_processes=2, timeout=240, options=LaunchOptions(cwd=tmp_path, written=written))
+    result = nbtools.accelerate_launch("w.py", num_processes=2, timeout=240, options=LaunchOptions(cwd=tmp_path, as_written=written))
     printed = capsys.readouterr().out
     real = re.search(r"^# runs here as: (.*)$", printed, re.M) or re.search(r"^\$ (.*)$", printed, re.M)
     also = re.search(r"^# also set: (.*)$", printed, re.M)

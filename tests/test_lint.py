@@ -42,8 +42,8 @@ MAX_CODE_LINES = 4650
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
     "core": (0, {"device", "params", "checks", "errors", "expected", "workdir", "proctree", "npusmi", "floors"}),
-    "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guard", "ps", "machines", "session", "magics"}),
-    "run": (2, {"runner", "kernels", "results", "report", "teacher", "doctor", "bundle"}),
+    "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guardian", "ps", "machines", "session", "magics"}),
+    "run": (2, {"runner", "kernels", "run_results", "report", "teacher", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),
     "entry": (3, {"__init__", "__main__"}),
 }

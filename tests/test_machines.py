@@ -33,7 +33,7 @@ def py(code: str) -> Job:
 def test_simulated_keeps_the_written_command_and_runs_cpu_ranks(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = stand_in(WRITTEN)
-    assert job.written == WRITTEN
+    assert job.as_written == WRITTEN
     assert set_(job.env) == {"ACCELERATE_USE_CPU": "1"}  # the NPU variable is dropped, the CPU route added
     assert job.argv[0].endswith("accelerate") and job.argv[1] == "launch"
     flags = job.argv[2:]

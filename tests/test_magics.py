@@ -109,7 +109,7 @@ def test_parse_launch_splits_flags_script_and_args():
     assert (call.num_processes, call.mixed_precision) == (3, "bf16")
     assert call.extra_flags == ["--gradient_accumulation_steps", "2", "--debug"]
     assert call.env == {"HCCL_CONNECT_TIMEOUT": "600"} and call.written_visible == "0,1"
-    assert call.written.timeout == 30 and call.written.text.startswith("ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL")
+    assert call.command.timeout == 30 and call.command.text.startswith("ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL")
     assert commands.parse_launch("accelerate launch t.py").num_processes is None  # not written: the normaliser fills it
     with pytest.raises(ParameterError, match="use %cmd"):
         commands.parse_launch("python t.py")
@@ -206,7 +206,7 @@ def test_cmd_line_form_returns_a_result(ip, capsys):
     r = ip.user_ns["r_py"]
     v = sys.version_info
     assert r.output.strip() == f"Python {v.major}.{v.minor}.{v.micro}" and r.returncode == 0
-    assert r.written == "python --version" and r.command.startswith(sys.executable)
+    assert r.as_written == "python --version" and r.command.startswith(sys.executable)
     out = capsys.readouterr().out
     assert out.startswith("$ python --version\n# runs here as: ") and "# why: `python`" in out
     assert ip.user_ns["nbtools"] is nbtools  # %load_ext makes nbtools usable by name
@@ -236,7 +236,7 @@ def test_cmd_cell_form_runs_a_multi_line_python_c(ip):
 def test_a_failing_command_raises_and_allow_fail_returns(ip):
     err = run_cell(ip, "r_bad = %cmd python -c \"import sys; print('partial'); sys.exit(3)\"")
     assert isinstance(err, LaunchError) and "exit code 3" in str(err) and "partial" in str(err)
-    assert err.result.written.startswith("python -c")
+    assert err.result.as_written.startswith("python -c")
     err = run_cell(ip, "r_marker = %cmd python -c \"print('[ERROR] device lost')\"")
     assert isinstance(err, LaunchError) and "error marker" in str(err)
     assert run_cell(ip, "r_ok = %cmd --allow-fail python -c \"import sys; sys.exit(4)\"") is None
@@ -271,7 +271,7 @@ def test_written_cpu_launch_starts_num_processes_ranks(ip, tmp_path, monkeypatch
     r = ip.user_ns["r_l"]
     assert r.kv == {"world": "3", "type": "MULTI_CPU", "backend": "gloo"}, r.output
     assert r.plan.num_processes == 3 and r.plan.backend == "gloo"
-    assert r.written.endswith("--num_processes 3 train_npu.py")
+    assert r.as_written.endswith("--num_processes 3 train_npu.py")
     assert "ACCELERATE_USE_CPU=1" in r.command and "--multi_gpu" in r.command
 
 
@@ -284,7 +284,7 @@ def test_cmd_refuses_accelerate_launch_unless_as_written(ip, tmp_path, monkeypat
     assert isinstance(err, ParameterError) and "%launch accelerate launch" in str(err) and "--as-written" in str(err)
     assert "r_c" not in ip.user_ns  # nothing ran
     assert run_cell(ip, "r_w = %cmd --as-written accelerate launch --num_processes 2 w.py") is None
-    assert ip.user_ns["r_w"].written == "accelerate launch --num_processes 2 w.py"
+    assert ip.user_ns["r_w"].as_written == "accelerate launch --num_processes 2 w.py"
     if nbtools.detect().kind == "cpu":  # the trap itself: one process, no error
         assert ip.user_ns["r_w"].output.count("rank=") == 1, ip.user_ns["r_w"].output
     assert run_cell(ip, "r_t = %cmd accelerate --help") is None  # other accelerate commands run as written

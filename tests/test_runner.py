@@ -272,7 +272,7 @@ def test_result_json_has_the_guards_six_fields_and_says_unknown_where_nothing_to
 
 def test_result_json_takes_its_fields_from_github_or_result_variables():
     from nbtools.report import result_record
-    from nbtools.results import NotebookResult, RunReport
+    from nbtools.run_results import NotebookResult, RunReport
 
     ran = RunReport(device={"kind": "npu", "count": 2, "simulated": True}, notebooks=[NotebookResult("02.ipynb", "passed")])
     env = {"GITHUB_EVENT_NAME": "schedule", "GITHUB_REPOSITORY": "o/r", "GITHUB_SHA": "abc", "RESULT_IMAGE": "cann:9.1.0",

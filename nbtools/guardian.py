@@ -5,7 +5,7 @@
 child subreaper (orphans stay its descendants); ``stop`` / ``kill`` on its stdin, its stdin's end (the
 starter is gone), or SIGTERM / SIGINT / SIGHUP stop the whole tree; when the command exits it stops what
 the command left behind. At exit it writes one JSON line on stderr: ``{"returncode", "killed", "reason"}``.
-Run as a script (``python guard.py [--grace S] -- CMD ...``), importing only the standard library, psutil
+Run as a script (``python guardian.py [--grace S] -- CMD ...``), importing only the standard library, psutil
 and its sibling proctree.py, it starts in tens of milliseconds: psutil and proctree are imported after the
 command has started. It sleeps in one select() on its stdin, the command's pidfd (its exit) and the signal wakeup
 pipe, so that it notices each at once without polling (Linux < 5.3 has no pidfd: it polls every POLL_S there).
@@ -30,7 +30,7 @@ REAP_S = 0.5  # how often exited orphans are collected
 
 def _proctree():
     """proctree, imported once the command runs (it brings psutil): as a script (always, by nbtools) the sibling
-    module; imported as nbtools.guard, the package's."""
+    module; imported as nbtools.guardian, the package's."""
     try:
         from . import proctree
     except ImportError:
@@ -161,7 +161,7 @@ def main(argv: list[str]) -> int:
     if argv[:1] == ["--"]:
         argv = argv[1:]
     if not argv:
-        print("usage: guard.py [--grace S] -- CMD [ARGS...]", file=sys.stderr)
+        print("usage: guardian.py [--grace S] -- CMD [ARGS...]", file=sys.stderr)
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
