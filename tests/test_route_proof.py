@@ -33,7 +33,7 @@ def sess(probe, device="auto", n=2, tmp_path="."):
 
 def spec(text, probe, tmp_path):
     call = commands.parse_launch(text)
-    return launcher.launch_spec(call, info=info(probe), cwd=tmp_path, fit=call.written.fit)
+    return launcher.launch_spec(call, info=info(probe), cwd=tmp_path, fit=call.command.fit)
 
 
 def test_the_learners_job_shrinks_to_the_visible_cards_and_says_so(tmp_path):
@@ -114,7 +114,7 @@ import dataclasses, os
 from nbtools import detect, launcher, magics
 
 def launch_spec(call, *, info=None, **kw):
-    if call.num_processes > 1 and os.environ["FAULT"] in ("all", call.mixed_precision):
+    if (call.num_processes or 0) > 1 and os.environ["FAULT"] in ("all", call.mixed_precision):
         info = dataclasses.replace(info or detect(), count=0)
     return launcher.launch_spec(call, info=info, **kw)
 
