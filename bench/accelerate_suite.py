@@ -18,8 +18,8 @@ that launch ranks; the script puts the interpreter's own bin/ in front). One run
    test_hooks, test_state_checkpointing, test_kwargs_handlers, test_multidevice, test_compile, those that
    exist in that release) with ``pytest -p no:cacheprovider -q -rA --junitxml=...`` in a child process,
    twice: on the plain CPU, and on the simulated NPU of ``simnpu/`` (the environment of
-   ``nbtools.device.environment()``, 2 cards of the default SoC, its C++ part built first by
-   ``nbtools.device.prepare_simnpu()``). Both runs are offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
+   ``nbtools.simnpu_env.environment()``, 2 cards of the default SoC, its C++ part built first by
+   ``nbtools.simnpu_env.prepare_simnpu()``). Both runs are offline (HF_HUB_OFFLINE, TRANSFORMERS_OFFLINE,
    HF_DATASETS_OFFLINE), with CUDA hidden (CUDA_VISIBLE_DEVICES=""), and with a fresh, empty HF_HOME
    (no user `accelerate config` default file, no Hub cache). A simulated NPU that does not load is said,
    and the CPU results still come.
@@ -60,7 +60,7 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from nbtools import device
+from nbtools import simnpu_env
 from nbtools.errors import ParameterError
 
 DEFAULT_FILES = (
@@ -213,7 +213,7 @@ def base_environment(deps: Path | None) -> dict[str, str]:
     """os.environ, offline, CUDA hidden, this interpreter's bin/ in front of PATH (the tests call
     `accelerate launch`), the cached test helpers in front of PYTHONPATH, and no simnpu on it."""
     env = dict(os.environ)
-    sim_site = str(device.SIMNPU_ROOT / "site")
+    sim_site = str(simnpu_env.SIMNPU_ROOT / "site")
     paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.realpath(p) != sim_site]
     if deps is not None:
         paths.insert(0, str(deps))
@@ -302,9 +302,9 @@ def parse_junit(xml: Path, files: list[Path], result: Result) -> None:
 def simulated_environment(env: dict[str, str]) -> tuple[dict[str, str] | None, str | None]:
     """The simulated NPU's environment on top of ``env``, its C++ part built; (None, why) when it does not load."""
     try:
-        sim = {**env, **device.environment(environ=env)}
-        print("[simulated NPU] building / checking its C++ part (nbtools.device.prepare_simnpu)", flush=True)
-        device.prepare_simnpu(sim, python=sys.executable)
+        sim = {**env, **simnpu_env.environment(environ=env)}
+        print("[simulated NPU] building / checking its C++ part (nbtools.simnpu_env.prepare_simnpu)", flush=True)
+        simnpu_env.prepare_simnpu(sim, python=sys.executable)
     except (ParameterError, subprocess.TimeoutExpired, OSError) as exc:
         return None, f"the simulated NPU does not load: {exc}"
     return sim, None

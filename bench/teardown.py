@@ -30,7 +30,7 @@ from pathlib import Path
 import nbformat
 
 import nbtools
-from nbtools import commands, magics
+from nbtools import commands, magics, simnpu_env
 from nbtools.launcher import ABORT_RERUN_SAID, launch, launch_spec
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in routes:
         env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
         if name == "simulated-npu":
-            env.update(nbtools.device.environment())
+            env.update(simnpu_env.environment())
         proc = subprocess.run([sys.executable, __file__, "--n", str(args.n), "--route", name, "--scripts", args.scripts], env=env,
                               stdout=subprocess.PIPE, text=True, check=True)
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))

@@ -21,14 +21,16 @@ if _TOO_OLD:
 
 from .checks import SEED_CHECKS, passed, skipped
 from .commands import CommandNotHere
-from .device import DeviceInfo, LaunchPlan, detect, editable, installed, public_version, same_version
+from .device import DeviceInfo, detect
 from .diagnose import CommandResult
 from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
 from .expected import assert_matches, match, parse_kv
 from .guarded import free_port, run_command
 from .launcher import LaunchOptions, accelerate_launch
 from .params import validate
+from .plan import LaunchPlan
 from .session import Session, setup
+from .versions import editable, installed, public_version, same_version
 from .workdir import cleanup, work_dir
 
 __version__ = "0.1.0"

@@ -16,8 +16,8 @@ from .errors import LaunchError, LaunchTimeout, NbtoolsError
 
 def _simulate(args) -> None:
     """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
-    from .device import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
     from .errors import ParameterError
+    from .simnpu_env import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
 
     if not getattr(args, "simulate_npu", False):
         knobs = [f for f, v in (("--npu-cards", getattr(args, "npu_cards", None)), ("--npu-soc", getattr(args, "npu_soc", None)))
@@ -162,7 +162,7 @@ def _cmd_detect(args) -> int:
 
 
 def _simulation_options() -> argparse.ArgumentParser:
-    from .device import DEFAULT_CARDS, DEFAULT_SOC, SOCS
+    from .simnpu_env import DEFAULT_CARDS, DEFAULT_SOC, SOCS
 
     sim = argparse.ArgumentParser(add_help=False)
     g = sim.add_argument_group("simulated NPU (proves code paths and wiring on a CPU, never the hardware)")

@@ -23,8 +23,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .device import PLAN_FLAGS, VISIBLE_VARS, DeviceInfo
+from .device import VISIBLE_VARS, DeviceInfo
 from .errors import NbtoolsError, ParameterError
+from .plan import PLAN_FLAGS
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
 CUDA_VAR = VISIBLE_VARS["cuda"]
@@ -294,7 +295,7 @@ class LaunchCall:
     script_args: list[str]
     num_processes: int | None  # written (--num_processes, else the --config_file's), None: not written
     mixed_precision: str | None
-    extra_flags: list[str]  # written flags other than those the plan decides (device.PLAN_FLAGS)
+    extra_flags: list[str]  # written flags other than those the plan decides (plan.PLAN_FLAGS)
     env: dict[str, str]  # written variables other than the visible-devices ones
     written_visible: str | None = None
     command: WrittenCommand | None = None  # the whole command as written: its options (--timeout, --background, ...)

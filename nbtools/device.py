@@ -1,4 +1,4 @@
-"""Device detection: what this machine is, and how to start a real N-process group here.
+"""Device detection: what this machine is (the probe, its cache, ``DeviceInfo``), and its ``.plan(n)``.
 
 The probe runs in a child Python process, for three reasons:
 - a broken torch_npu (installed without CANN) makes ``import torch`` itself raise;
@@ -8,23 +8,8 @@ The probe runs in a child Python process, for three reasons:
 - tests can substitute the probe's answers (``detect(probe=...)``) to exercise the
   NPU and CUDA branches on a CPU-only machine.
 
-Versions: what is installed (from metadata, no import), and PEP 440 comparison.
-
-One copy for the whole package: device detection, the doctor and the notebooks ask here.
-torch's ``__version__`` (``2.14.1+cu130``) and its distribution's version (``2.14.1``) name the
-same release; so do ``2.1.0a0+git1234`` and ``2.1.0a0``: comparisons use the public version.
-
-``--simulate-npu``: kernels and launches see the simulated Ascend NPU of this repository's ``simnpu/``.
-
-Nothing is installed and nothing else on the machine changes. The simulation's ``site/`` folder goes
-in front of ``PYTHONPATH`` (torch then autoloads its stand-in ``torch_npu`` as it autoloads the real
-one) and its ``bin/`` (the ``npu-smi`` stand-in) in front of ``PATH``; whatever the user's
-environment already holds there stays behind them. ``SIMNPU_CARDS`` and ``SIMNPU_SOC`` describe the
-simulated host; ``ASCEND_RT_VISIBLE_DEVICES``, when the user set it, selects among its cards as on a
-real host. nbtools never imports the stand-in: the probe and the kernels do, in their own processes.
-
-A simulated NPU proves code paths and wiring, never the hardware: every label says "NPU (simulated
-on CPU)", and what only a real card can answer is skipped with the reason ``needs a real NPU``.
+The plan's rules are plan.py's; installed versions versions.py's; the simulated NPU's variables
+simnpu_env.py's.
 """
 
 from __future__ import annotations
@@ -34,14 +19,15 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import floors
 from .errors import DeviceError, ParameterError
+from .plan import LaunchPlan, cpu_route, hide_cards
+from .simnpu_env import environment  # noqa: F401 (tests/test_route_proof.py reads it here until it imports simnpu_env)
+from .versions import installed
 
 KINDS = ("npu", "cuda", "cpu")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")  # the one list: the CLI's choices, the normaliser, each kind's share
@@ -150,93 +136,9 @@ class Problem:
     blocking: bool = True
 
 
-@dataclass
-class LaunchPlan:
-    """How to start a real ``num_processes`` group on this machine."""
-
-    kind: str  # the device kind every rank will use: npu / cuda / cpu (as DeviceInfo.kind)
-    num_processes: int
-    backend: str | None  # the torch.distributed backend accelerate will report; None for one process (no group)
-    distributed_type: str  # expected accelerate DistributedType name
-    env: dict[str, str]  # variables to put in front of `accelerate launch`
-    flags: list[str]  # `accelerate launch` flags (port and precision added by the launcher)
-    devices: list[str]  # the torch devices the ranks use, e.g. ["npu:0", "npu:1"]
-    fallback: bool = False  # True when the CPU (gloo) route stands in for missing accelerators
-    note: str = ""
-    # the collectives really run on torch's gloo: the CPU route, or the simulated NPU (its hccl is gloo underneath)
-    gloo: bool = False
-    why: list[str] = field(default_factory=list)  # why this route differs from the quick-start's NPU command
-    mode: list[str] = field(default_factory=list)  # the route's own flags (--multi_gpu, --cpu), the first of flags
-    route: str = ""  # what the route's variables and flags do (the CPU's: a real gloo group of N ranks)
-
-
-# `accelerate launch` flags a plan decides, with the launcher's precision and port: written ones are replaced.
-PLAN_FLAGS = frozenset({"--num_processes", "--num_machines", "--dynamo_backend", "--multi_gpu", "--cpu",
-                        "--mixed_precision", "--main_process_port"})
-
-
-def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
-    """(variables, mode flag, what they do) that start ``num_processes`` ranks on a CPU. Only this
-    combination gives a real multi-process group there (measured: ``--num_processes`` alone starts ONE
-    process; ``--multi_gpu`` alone starts N processes that each run alone)."""
-    if num_processes == 1:
-        return {}, ["--cpu"], "CPU 上一个进程（--cpu）"
-    env, flags = {"ACCELERATE_USE_CPU": "1"}, ["--multi_gpu"]
-    said = " + ".join([*(f"{k}={v}" for k, v in env.items()), *flags])
-    return env, flags, f"{said} 组成真正的 {num_processes} 个 rank 的 gloo 进程组"
-
-
-# Put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards), with torch's autoload off: a
-# sitecustomize that marks torch_npu absent (None in sys.modules: importlib.util.find_spec answers None, as where it is
-# not installed, so transformers, PEFT, Accelerate and DeepSpeed find no NPU and never import it), and a torch_npu that
-# cannot be imported where sitecustomize does not run (python -S).
-HIDDEN = {
-    "sitecustomize.py": 'import sys\n\nsys.modules["torch_npu"] = None  # hidden from the CPU stand-in\'s ranks '
-                        '(nbtools.device.hide_cards)\n',
-    "torch_npu/__init__.py": 'raise ImportError("torch_npu is hidden from the CPU stand-in\'s ranks '
-                             '(nbtools.device.hide_cards)")\n',
-}
-
-
-def write_files(folder: Path, files: dict[str, str], prefix: str) -> Path:
-    """``files`` (name -> text) in ``folder``, each rewritten only where it differs, and whole (a process starting
-    meanwhile never reads half a file); where ``folder`` is not writable, in a private temporary folder named
-    ``prefix...``. The folder used (hide_cards, launcher.launch_config)."""
-    try:
-        _write(folder, files)
-        return folder
-    except OSError:
-        private = Path(tempfile.mkdtemp(prefix=prefix))
-        _write(private, files)
-        return private
-
-
-def _write(folder: Path, files: dict[str, str]) -> None:
-    for name, text in files.items():
-        path = folder / name
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.with_suffix(f".{os.getpid()}").write_text(text, encoding="utf-8")
-            os.replace(path.with_suffix(f".{os.getpid()}"), path)
-
-
 def listed_ids(value: str | None) -> list[str]:
     """The card numbers a visibility variable's value lists (ASCEND_RT_VISIBLE_DEVICES=0,1 -> ["0", "1"])."""
     return [x.strip() for x in (value or "").split(",") if x.strip()]
-
-
-def hide_cards(host: str) -> tuple[dict[str, str], str]:
-    """(variables, what they do) that hide a ``host`` kind's cards from ranks run on its CPU. The cause: accelerate
-    1.15's ``wait_for_everyone`` passes ``device_ids`` on MULTI_CPU too, and torch then builds that barrier on the
-    host's accelerator ("No backend type associated with device type npu"; on CUDA "invalid device ordinal")."""
-    if host == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES= 让这些 rank 看不见 GPU"
-    if host != "npu":
-        return {}, ""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
-    folder = write_files(cache, HIDDEN, "nbtools-hide-npu-")
-    return ({"PYTHONPATH": _in_front(folder, os.environ.get("PYTHONPATH")), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-            "PYTHONPATH 前面放一个让 torch_npu 显得没有安装、导入即失败的 sitecustomize（torch 不再自动加载它），让这些 rank 看不见 NPU")
 
 
 @dataclass
@@ -521,103 +423,3 @@ def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
             answers = None
         _CACHE[key] = from_probe(answers if answers is not None else cached_probe(refresh=refresh))
     return _CACHE[key]
-
-
-def public_version(version: str) -> str:
-    """The PEP 440 public version: local labels dropped (``2.14.1+cu130`` -> ``2.14.1``)."""
-    from packaging.version import InvalidVersion, Version  # a dependency of nbtools (pyproject.toml)
-
-    text = str(version).strip()
-    try:
-        return Version(text).public
-    except InvalidVersion:
-        return text.split("+", 1)[0]
-
-
-def same_version(a: str | None, b: str | None) -> bool:
-    """Do ``a`` and ``b`` name the same release? Compared by PEP 440 public version, so torch's
-    ``__version__`` ``2.14.1+cu130`` equals its distribution's ``2.14.1`` (and ``2.1.0a0+git1234``
-    equals ``2.1.0a0``); ``None`` (not installed) equals nothing."""
-    return bool(a and b) and (a.strip() == b.strip() or public_version(a) == public_version(b))
-
-
-DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (the import name is nbtools)
-
-
-def installed(distribution: str) -> str | None:
-    """The installed version of a distribution (from its metadata, no import), or None."""
-    from importlib import metadata
-
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return None
-
-
-def direct_url(distribution: str) -> dict:
-    """How ``distribution`` was installed when not from an index (PEP 610 ``direct_url.json``: a folder, a git
-    URL, a file); empty when from an index or not installed."""
-    from importlib import metadata
-
-    try:
-        return json.loads(metadata.distribution(distribution).read_text("direct_url.json") or "{}")
-    except (metadata.PackageNotFoundError, ValueError):
-        return {}
-
-
-def editable(distribution: str) -> bool:
-    """Is the distribution an editable install (``pip install -e``)? False when it is not installed."""
-    return bool(direct_url(distribution).get("dir_info", {}).get("editable", False))
-
-
-SIMNPU_ROOT = Path(__file__).resolve().parent.parent / "simnpu"
-# The cards a teacher can rehearse: the quick-start's 910B, and a 310P-like card without bf16.
-SOCS = ("Ascend910B4", "Ascend310P3")
-DEFAULT_SOC = SOCS[0]
-DEFAULT_CARDS = 2
-
-
-def _in_front(entry: Path, current: str | None) -> str:
-    return os.pathsep.join([str(entry), *([current] if current else [])])
-
-
-def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The variables to set (on top of ``environ``, default os.environ) so that every process started
-    from here sees ``cards`` simulated NPUs of type ``soc``."""
-    environ = os.environ if environ is None else environ
-    if not isinstance(cards, int) or isinstance(cards, bool) or not 1 <= cards <= 16:
-        raise ParameterError(f"--npu-cards {cards!r}: expected a number of cards from 1 to 16")
-    if soc not in SOCS:
-        raise ParameterError(f"--npu-soc {soc!r}: the simulation knows {', '.join(SOCS)}")
-    if not (SIMNPU_ROOT / "site" / "torch_npu").is_dir():
-        raise ParameterError(
-            f"--simulate-npu needs the simulated NPU of this repository ({SIMNPU_ROOT} is missing): "
-            "run from a checkout installed with `pip install -e .`"
-        )
-    if not os.access(SIMNPU_ROOT / "bin" / "npu-smi", os.X_OK):  # unpacked from a zip (python -m zipfile): no x bit
-        (SIMNPU_ROOT / "bin" / "npu-smi").chmod(0o755)
-    return {
-        "PYTHONPATH": _in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH")),
-        "PATH": _in_front(SIMNPU_ROOT / "bin", environ.get("PATH")),
-        "SIMNPU_CARDS": str(cards),
-        "SIMNPU_SOC": soc,
-        # what CANN's set_env.sh exports on a real host, and libraries read (DeepSpeed's NPU op builder)
-        "ASCEND_HOME_PATH": str(SIMNPU_ROOT / "cann"),
-    }
-
-
-def prepare_simnpu(env: Mapping[str, str], python: str | None = None, timeout: float = 300) -> None:
-    """Build the simulation's C++ device guard for this torch now (once; cached), so that no kernel or
-    rank waits for it. Raises ParameterError with the build's own words when it cannot be built."""
-    proc = subprocess.run(
-        [python or sys.executable, "-c", "import torch, torch_npu; torch.npu.device_count()"],
-        env={**os.environ, **env},
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-12:])
-        hint = ("\nfix: this torch sees a CUDA GPU, and torch_npu (the simulated one too) refuses to share a process "
-                "with another accelerator: run with CUDA_VISIBLE_DEVICES= in front") if "Two accelerators" in tail else ""
-        raise ParameterError(f"the simulated NPU does not load with this torch:\n{tail}{hint}")

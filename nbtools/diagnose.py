@@ -10,9 +10,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .device import CANN_FIX, LaunchPlan
+from .device import CANN_FIX
 from .errors import LaunchError
 from .expected import parse_kv
+from .plan import LaunchPlan
 
 # The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")

@@ -15,7 +15,8 @@ from packaging.specifiers import SpecifierSet
 from packaging.utils import canonicalize_name
 
 from . import floors
-from .device import CANN_FIX, DeviceInfo, detect, installed, same_version
+from .device import CANN_FIX, DeviceInfo, detect
+from .versions import installed, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")

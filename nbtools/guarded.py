@@ -25,9 +25,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .commands import shell_line
-from .device import LaunchPlan
 from .diagnose import CommandResult, benign_blocks, raise_on_failure, timeout_message, unglue_warning
 from .errors import LaunchError, LaunchTimeout
+from .plan import LaunchPlan
 from .proctree import GRACE, kill_now
 
 GUARDIAN = str(Path(__file__).with_name("guardian.py"))  # the parent of every command started here
@@ -193,7 +193,7 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> CommandResult:
         raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {shown.command}")
     _, notes = benign_blocks(output.text, status["returncode"])
     result = CommandResult(shown.command, list(argv), status["returncode"], output.text, time.monotonic() - start,
-                    killed=status.get("killed") or [], as_written=shown.as_written, notes=notes)
+                           killed=status.get("killed") or [], as_written=shown.as_written, notes=notes)
     if shown.echo and notes:
         print("".join(note + "\n" for note in notes), end="", file=out, flush=True)
     if check:  # the one place that decides whether a failure raises (a launch decides only whether to rerun)
@@ -209,7 +209,7 @@ def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) 
     output.close()
     output.drain(echo=False)
     result = CommandResult(shown.command, list(argv), -9, output.text, time.monotonic() - start,
-                    killed=status.get("killed") or [], as_written=shown.as_written)
+                           killed=status.get("killed") or [], as_written=shown.as_written)
     raise LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
 
 

@@ -22,11 +22,12 @@ from pathlib import Path
 from . import device as device_rules
 from . import session
 from .commands import LaunchCall, executable, shell_line
-from .device import VISIBLE_VARS, DeviceInfo, LaunchPlan, write_files
+from .device import VISIBLE_VARS, DeviceInfo
 from .diagnose import CommandResult, gloo_exit_abort
 from .errors import LaunchError, LaunchTimeout, ParameterError
 from .guarded import Background, Shown, as_shown, free_port, run_command, start_background
 from .params import DEFAULT_TIMEOUT_S, validate
+from .plan import LaunchPlan, write_files
 
 MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
 ABORT_RERUN_SAID = "running the whole launch again"  # in the line a rerun prints (the bench counts them)

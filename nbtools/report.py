@@ -30,8 +30,9 @@ import nbformat
 
 from .checks import Status, check_ids
 from .commands import shell_line
-from .device import device_line, installed
+from .device import device_line
 from .run_results import RunReport, status_counts, strip_ansi
+from .versions import installed
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
 _NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")

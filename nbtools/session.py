@@ -15,10 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import proctree, workdir
-from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo, LaunchPlan
+from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo
 from .expected import parse_kv
 from .guarded import MARKER_ENV, stop_background
 from .params import DEFAULT_TIMEOUT_S, validate
+from .plan import LaunchPlan
 from .workdir import cleanup, unattended
 
 NEEDS_REAL_NPU = "需要真实的 NPU"

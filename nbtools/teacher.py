@@ -73,10 +73,10 @@ import nbformat
 from packaging.requirements import Requirement
 
 from .checks import SEED_CHECKS, Status, check_ids
-from .device import direct_url
 from .doctor import REQUIREMENTS, series_requirements
 from .errors import ParameterError
 from .runner import default_notebooks_dir
+from .versions import direct_url
 
 _SHELL = re.compile(r"^\s*(!|%pip\b|%conda\b|%%bash\b|%%sh\b|%%script\b|%system\b|%sx\b|%%system\b)", re.MULTILINE)
 _IMPORT = re.compile(r"^[ \t]*import nbtools\b", re.MULTILINE)  # at the top, or in a try: that explains a missing install

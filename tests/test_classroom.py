@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import ROOT
 
-from nbtools import device, floors
+from nbtools import floors, simnpu_env
 
 SCRIPT = str(Path(ROOT) / "tools" / "classroom.py")
 DOCKERFILE = Path(ROOT) / "tools" / "classroom.Dockerfile"
@@ -36,7 +36,7 @@ classroom = _module()
 
 
 def _classroom(tmp_path: Path, *args: str, script: str = SCRIPT, out: Path | None = None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, **device.environment(cards=8))  # its npu-smi lists 8 cards, as an 8-card host's does
+    env = dict(os.environ, **simnpu_env.environment(cards=8))  # its npu-smi lists 8 cards, as an 8-card host's does
     host = ["--host-cpus", str(HOST_CPUS), "--host-memory", f"{HOST_GIB}g", "--home", str(tmp_path / "home")]
     return subprocess.run([sys.executable, script, *host, *args, "--out", str(out or tmp_path / "start.sh")], env=env,
                           capture_output=True, text=True, timeout=120)
@@ -232,7 +232,7 @@ def test_the_teaching_guides_classroom_commands_run_as_written_and_name_only_rea
     (kit / "wheelhouse").mkdir()
     (kit / "wheelhouse" / "accelerate-1.15.0-py3-none-any.whl").write_bytes(b"")
     env, log = _docker(tmp_path)
-    env.update(device.environment(cards=8, environ=env))
+    env.update(simnpu_env.environment(cards=8, environ=env))
     host = ["--host-cpus", str(HOST_CPUS), "--host-memory", f"{HOST_GIB}g", "--home", str(tmp_path / "home")]
     blocks = re.findall(r"```shell\n(.*?)```", text, re.S)
     lines = [line.split("  #")[0].strip() for b in blocks for line in b.replace("\\\n", " ").splitlines()]

@@ -182,7 +182,7 @@ def test_the_zip_route_unpacks_a_checkout_that_installs_and_simulates(tmp_path):
     block = re.search(r"\*\*没有 git 或不能联网时：zip。\*\*.*?```shell\n(.*?)```", PAGE, re.S).group(1)
     env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     after = (f"python tools/install.py --help > {tmp_path / 'help.txt'}\n"
-             "python -c 'from nbtools import device; print(device.environment()[\"SIMNPU_CARDS\"])'\n"
+             "python -c 'from nbtools import simnpu_env; print(simnpu_env.environment()[\"SIMNPU_CARDS\"])'\n"
              f"simnpu/bin/npu-smi info > {tmp_path / 'smi.txt'}\n")
     proc = shell(block.replace("/home/ma-user/work", str(tmp_path)) + after, env, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -41,7 +41,8 @@ MAX_PARAMETERS = 7  # self and cls aside; a function that needs more takes a val
 MAX_CODE_LINES = 4650
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
-    "core": (0, {"device", "params", "checks", "errors", "expected", "workdir", "proctree", "npusmi", "floors"}),
+    "core": (0, {"device", "plan", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
+              "npusmi", "floors"}),
     "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guardian", "ps", "machines", "session", "magics"}),
     "run": (2, {"runner", "kernels", "run_results", "report", "teacher", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),

@@ -101,9 +101,9 @@ def test_reset_puts_the_notebooks_back_as_committed_and_leaves_new_files(tmp_pat
 @pytest.mark.alone
 def test_reset_lists_every_card_holder_and_kill_stops_it(tmp_path):
     """On the simulated NPU (its npu-smi lists who holds a card): a process nbtools did not start holds npu:0."""
-    from nbtools import device
+    from nbtools import simnpu_env
 
-    env = dict(os.environ, **device.environment(), SIMNPU_STATE_DIR=str(tmp_path / "state"))
+    env = dict(os.environ, **simnpu_env.environment(), SIMNPU_STATE_DIR=str(tmp_path / "state"))
     holder = subprocess.Popen([sys.executable, "-c", "import time, torch; torch.zeros(1, device='npu:0'); "
                                "print('holding', flush=True); time.sleep(300)"], env=env, stdout=subprocess.PIPE, text=True)
     try:

@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS, ROOT, skip_outside_ci
 
-from nbtools import ParameterError, device
+from nbtools import ParameterError, simnpu_env
 from nbtools.device import SIMULATED, detect, from_probe
 from nbtools.session import NEEDS_REAL_NPU, Session
 
@@ -35,19 +35,19 @@ SIM_NPU2 = {
 
 
 def test_the_switch_adds_in_front_and_keeps_what_the_user_has():
-    env = device.environment(environ={"PYTHONPATH": "/mine/site", "PATH": "/usr/bin:/bin"})
-    assert env["PYTHONPATH"].split(os.pathsep) == [str(device.SIMNPU_ROOT / "site"), "/mine/site"]
-    assert env["PATH"].split(os.pathsep) == [str(device.SIMNPU_ROOT / "bin"), "/usr/bin", "/bin"]
+    env = simnpu_env.environment(environ={"PYTHONPATH": "/mine/site", "PATH": "/usr/bin:/bin"})
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(simnpu_env.SIMNPU_ROOT / "site"), "/mine/site"]
+    assert env["PATH"].split(os.pathsep) == [str(simnpu_env.SIMNPU_ROOT / "bin"), "/usr/bin", "/bin"]
     assert (env["SIMNPU_CARDS"], env["SIMNPU_SOC"]) == ("2", "Ascend910B4")
-    assert env["ASCEND_HOME_PATH"] == str(device.SIMNPU_ROOT / "cann")  # as CANN's set_env.sh; DeepSpeed reads it
-    assert device.environment(environ={})["PYTHONPATH"] == str(device.SIMNPU_ROOT / "site")
+    assert env["ASCEND_HOME_PATH"] == str(simnpu_env.SIMNPU_ROOT / "cann")  # as CANN's set_env.sh; DeepSpeed reads it
+    assert simnpu_env.environment(environ={})["PYTHONPATH"] == str(simnpu_env.SIMNPU_ROOT / "site")
     assert "ASCEND_RT_VISIBLE_DEVICES" not in env  # the user's own choice of cards, if any, stays theirs
 
 
 @pytest.mark.parametrize("kwargs, words", [({"cards": 0}, "--npu-cards 0"), ({"soc": "Ascend910A"}, "--npu-soc 'Ascend910A'")])
 def test_bad_knobs_say_what_is_accepted(kwargs, words):
     with pytest.raises(ParameterError, match=words):
-        device.environment(**kwargs)
+        simnpu_env.environment(**kwargs)
 
 
 def test_a_simulated_npu_is_labelled_so_and_skips_what_only_hardware_answers():
@@ -157,7 +157,7 @@ def test_ranks_that_see_one_card_do_not_pass_as_two(tmp_path):
     launch of the quick-start must fail its check, not pass as 2 ranks."""
     from nbtools.runner import run_notebooks
 
-    sim = device.environment()
+    sim = simnpu_env.environment()
     saved = dict(os.environ)
     os.environ.update(sim)
     try:
