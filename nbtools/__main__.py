@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -266,10 +267,8 @@ def _inspect_commands(sub, sim: argparse.ArgumentParser) -> None:
 def _tolerant_output() -> None:
     """Print whatever a notebook said even where the terminal's encoding cannot (LANG=C, GBK)."""
     for stream in (sys.stdout, sys.stderr):
-        try:
+        with contextlib.suppress(AttributeError, ValueError):
             stream.reconfigure(errors="backslashreplace")
-        except (AttributeError, ValueError):
-            pass
 
 
 def main(argv: list[str] | None = None) -> int:

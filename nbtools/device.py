@@ -14,6 +14,7 @@ simnpu_env.py's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -394,20 +395,16 @@ def cached_probe(python: str | None = None, refresh: bool = False) -> dict:
     python = python or sys.executable
     path = _probe_cache_file(python)
     if not refresh:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             if time.time() - path.stat().st_mtime < PROBE_CACHE_TTL_S:
                 return json.loads(path.read_text())
-        except (OSError, ValueError):
-            pass
     answers = run_probe(python)
     if not any(k.endswith("_error") for k in answers):
-        try:
+        with contextlib.suppress(OSError):
             path.parent.mkdir(parents=True, exist_ok=True)
             tmp = path.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_text(json.dumps(answers))
             os.replace(tmp, path)
-        except OSError:
-            pass
     return answers
 
 

@@ -10,6 +10,7 @@ Standard library only and no syntax newer than Python 3.6: an image too old for 
 which image to use.
 """
 
+import contextlib
 import re
 
 PYTHON = "3.10"
@@ -60,11 +61,9 @@ def held():
     versions = {}
     for name in HELD:
         for spelling in (name, name.replace("-", "_")):
-            try:
+            with contextlib.suppress(metadata.PackageNotFoundError):
                 versions[name] = metadata.version(spelling)
                 break
-            except metadata.PackageNotFoundError:
-                pass
     return versions
 
 

@@ -62,11 +62,9 @@ def _reap() -> None:
     for p in children:
         if p.pid in _keep:
             continue
-        try:
+        with contextlib.suppress(psutil.Error, ChildProcessError):
             if p.status() == psutil.STATUS_ZOMBIE:
                 os.waitpid(p.pid, os.WNOHANG)
-        except (psutil.Error, ChildProcessError):
-            pass
 
 
 def stop_all(grace: float) -> list[int]:
@@ -174,10 +172,8 @@ def main(argv: list[str]) -> int:
     killed: list[int] = []
     if reason:
         killed = stop_all(0.0 if at_once else grace)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            pass
     elif _proctree().descendants():  # the command ended: stop anything it left behind (it may hold the output pipe)
         killed = stop_all(min(grace, 1.0))
         reason = "stopped what the command left running after it exited"

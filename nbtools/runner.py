@@ -210,10 +210,8 @@ class _Stopper:
         self._saved.clear()
 
     def _say(self, text: str) -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):  # SIGHUP: the terminal may be gone
             print(text)
-        except (OSError, ValueError):  # SIGHUP: the terminal may be gone
-            pass
 
     def _on_signal(self, signum, frame) -> None:
         if self.signum is not None:

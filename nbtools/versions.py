@@ -8,6 +8,7 @@ same release; so do ``2.1.0a0+git1234`` and ``2.1.0a0``: comparisons use the pub
 from __future__ import annotations
 
 import json
+from importlib import metadata
 
 
 def public_version(version: str) -> str:
@@ -33,8 +34,6 @@ DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (
 
 def installed(distribution: str) -> str | None:
     """The installed version of a distribution (from its metadata, no import), or None."""
-    from importlib import metadata
-
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -44,8 +43,6 @@ def installed(distribution: str) -> str | None:
 def direct_url(distribution: str) -> dict:
     """How ``distribution`` was installed when not from an index (PEP 610 ``direct_url.json``: a folder, a git
     URL, a file); empty when from an index or not installed."""
-    from importlib import metadata
-
     try:
         return json.loads(metadata.distribution(distribution).read_text("direct_url.json") or "{}")
     except (metadata.PackageNotFoundError, ValueError):

@@ -37,8 +37,9 @@ MAX_PARAMETERS = 7  # self and cls aside; a function that needs more takes a val
 # blank lines, comments and docstrings aside: the package stays small as lessons are added. 4300, raised to 4650 by
 # the card proof (session.Expected, the needs: pin in checks.Here, check-py's terminal python, cards_seen), the
 # learner's own job (--fit, the stand-in's ranks kept off the cards, tinybase) and 09 (perf); the launch normaliser
-# (issue "one normaliser for every launch") is to bring it back.
-MAX_CODE_LINES = 4650
+# (issue "one normaliser for every launch") is to bring it back. 4670: device.py split by job (plan.py, versions.py,
+# simnpu_env.py: their imports), less the suppressed errors written as contextlib.suppress.
+MAX_CODE_LINES = 4670
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
     "core": (0, {"device", "plan", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
