@@ -29,9 +29,6 @@ def same_version(a: str | None, b: str | None) -> bool:
     return bool(a and b) and (a.strip() == b.strip() or public_version(a) == public_version(b))
 
 
-DISTRIBUTION = "accelerate-ascend-nbtools"  # this package's distribution name (the import name is nbtools)
-
-
 def installed(distribution: str) -> str | None:
     """The installed version of a distribution (from its metadata, no import), or None."""
     try:
