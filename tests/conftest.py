@@ -181,8 +181,8 @@ def pytest_xdist_auto_num_workers(config) -> int:
 # as the workers free up, so that the workers end together and no long file starts last. xdist's own order (most
 # tests first) started the long files of few tests last. (`--dist loadgroup` would split a file, but with pytest 9.2
 # it groups nothing: pytest-xdist issue 1386.)
-LONGEST_FIRST = ("test_install.py", "test_simnpu.py", "test_notebooks.py", "test_route_proof.py",
-                 "test_accelerate_suite.py", "test_own_job.py", "test_launcher.py", "test_reliability.py",
+LONGEST_FIRST = ("test_browser.py", "test_own_job.py", "test_install.py", "test_simnpu.py", "test_notebooks.py",
+                 "test_accelerate_suite.py", "test_route_proof.py", "test_launcher.py", "test_reliability.py",
                  "test_guard.py", "test_lifecycle.py")
 
 
