@@ -299,9 +299,8 @@ def test_a_fresh_clone_with_the_learner_requirements_runs_00_in_jupyterlab(brows
     before = _libraries(image)
     torch_before = _version(python, "torch")
     # README.zh-CN's 方式 A with the kernel's interpreter: tools/install.py holds the image's torch at its version
-    # PIP_COMPILE=0 (pip's --no-compile): no .pyc for all the installed libraries, only for what the kernel imports
     install = subprocess.run([str(python), "tools/install.py", "-q"], cwd=server.root, capture_output=True, text=True,
-                             timeout=1200, env={**os.environ, "PIP_COMPILE": "0"})
+                             timeout=1200)
     if install.returncode != 0:
         skip_outside_ci(f"pip could not install requirements-learner.txt (no package index?): {install.stderr[-600:]}")
     changed = sorted(path for path, stamp in _libraries(image).items() if before.get(path) != stamp)
