@@ -27,7 +27,6 @@ from pathlib import Path
 from . import floors
 from .errors import DeviceError, ParameterError
 from .plan import LaunchPlan, cpu_route, hide_cards
-from .simnpu_env import environment  # noqa: F401 (tests/test_route_proof.py reads it here until it imports simnpu_env)
 from .versions import installed
 
 KINDS = ("npu", "cuda", "cpu")

@@ -162,8 +162,8 @@ def test_the_stand_ins_ranks_are_kept_off_the_cards(tmp_path):
 @pytest.mark.notebook
 def test_with_the_npu_hidden_a_rank_sees_no_accelerator(tmp_path):
     """On the simulated NPU, a rank started with the stand-in's variables finds no torch.npu and no accelerator."""
-    from nbtools import device
-    env = {**os.environ, **device.environment(cards=1)}
+    from nbtools import simnpu_env
+    env = {**os.environ, **simnpu_env.environment(cards=1)}
     empty = info(NPU1).plan(2).env["PYTHONPATH"].split(os.pathsep)[0]  # in front of this environment's PYTHONPATH
     hidden = {"PYTHONPATH": os.pathsep.join([empty, env["PYTHONPATH"]]), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     # transformers and PEFT ask find_spec and then import torch_npu (07b's ranks import a PEFT model): hidden, it is absent
