@@ -48,7 +48,6 @@ from IPython.core.inputtransformer2 import TransformerManager
 import nbtools
 from nbtools import commands, magics
 from nbtools.checks import SEED_CHECKS, check_ids
-from nbtools.guarded import free_port
 from nbtools.launcher import ABORT_RERUN_SAID, launch_spec
 from nbtools.params import NO_DEFAULT, parameter_defaults
 from nbtools.proctree import is_alive, remember, terminate_then_kill
@@ -371,11 +370,11 @@ def launch_parts(scratch: Path, repeat: int, log=print) -> dict:
     parts = {"import torch": [sys.executable, "-c", "import torch"],
              "import torch + accelerate": [sys.executable, "-c", "import torch; from accelerate import Accelerator"],
              "train_npu.py, 1 process": [sys.executable, str(scratch / "train_npu.py")],
-             "2-rank launch, start and stop only": tiny.argv(-1),
-             "2-rank launch of train_npu.py": train.argv(-1)}
+             "2-rank launch, start and stop only": tiny,
+             "2-rank launch of train_npu.py": train}
     res = {}
     for name, cmd in parts.items():
-        runs = [_cpu_timed([str(free_port()) if c == "-1" else c for c in cmd], env=env, cwd=scratch)
+        runs = [_cpu_timed(cmd.argv(cmd.next_port()) if hasattr(cmd, "argv") else cmd, env=env, cwd=scratch)
                 for _ in range(repeat)]
         res[name] = {"wall_s": round(statistics.median(w for w, _ in runs), 2),
                      "cpu_s": round(statistics.median(c for _, c in runs), 2)}

@@ -206,12 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=_cmd_run)
 
     from . import device  # the one default count and precision list (device.py)
+    from .params import DEFAULT_TIMEOUT_S
 
     la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")
     la.add_argument("--num-processes", type=int, help=f"default: {device.DEFAULT_PROCESSES}")
     la.add_argument("--mixed-precision", default="no", choices=device.MIXED_PRECISIONS)
     la.add_argument("--device", default="auto", help="auto | npu | cuda | cpu")
-    la.add_argument("--timeout", type=float, default=600, help="seconds before the whole launch is stopped")
+    la.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before the whole launch is stopped")
     la.add_argument("--online", action="store_true", help="let Hugging Face reach the network")
     la.add_argument("script")
     la.add_argument("args", nargs=argparse.REMAINDER)

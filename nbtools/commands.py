@@ -65,7 +65,7 @@ class WrittenCommand:
     allow_fail: bool = False
     online: bool = False
     background: bool = False  # %launch --background: started, not waited for (launcher.Background)
-    as_written: bool = False  # %cmd --as-written accelerate launch: the line without the launch rule (05's trap)
+    verbatim: bool = False  # %cmd --as-written accelerate launch: the line without the launch rule (05's trap)
     fit: bool = False  # %launch --fit: the learner's own job, shrunk to the visible cards (DeviceInfo.plan)
 
 
@@ -274,7 +274,7 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
         argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *argv[2 if prog == "uv" else 1:]]
         real.why.append(f"{'这里没有 uv：`uv pip`' if prog == 'uv' else '`pip`'} 换成内核自己的 pip，包装进这个 notebook 运行的环境")
     elif prog == "accelerate":
-        if argv[1:2] == ["launch"] and not written.as_written:
+        if argv[1:2] == ["launch"] and not written.verbatim:
             raise ParameterError("%cmd has no launch rule (on a CPU `accelerate launch --num_processes 2` starts ONE "
                                  "process): write `%launch accelerate launch ...`, or `%cmd --as-written accelerate "
                                  "launch ...`")

@@ -67,7 +67,7 @@ class CommandResult:
     plan: LaunchPlan | None = None
     port: int | None = None
     killed: list[int] = field(default_factory=list)
-    as_written: str | None = None  # the command as the learner wrote it, when it differs from ``command``
+    as_written: str | None = None  # the command as the learner wrote it (``command``: what ran)
     notes: list[str] = field(default_factory=list)  # benign oddities the launcher recognised and explained
 
     @property
