@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -91,6 +92,18 @@ def wait_gone(text: str, timeout: float = 10.0) -> list[psutil.Process]:
 
 # The one definition of "in CI" for the tests: CI=true (or any value but empty/0/false/no), as .ci/run sets it.
 IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
+
+
+def ci_output(name: str) -> Path | None:
+    """The output folder of the README command that wrote ``nbtools-output/<name>`` before the tests in CI (.ci/run's
+    order: series, series-simulated-npu, simulated-310p, answers, ...), if its report is newer than everything it ran
+    (notebooks, nbtools, simnpu); else None, and the test makes a run of its own that proves the same."""
+    folder = Path(ROOT, "nbtools-output", name)
+    report = folder / "report.json"
+    sources = [*Path(NOTEBOOKS).glob("*.ipynb"), *Path(ROOT, "nbtools").glob("*.py"), *Path(ROOT, "simnpu", "site").rglob("*.py")]
+    if not report.is_file() or report.stat().st_mtime < max(f.stat().st_mtime for f in sources):
+        return None
+    return folder
 
 
 def skip_outside_ci(why: str) -> None:
