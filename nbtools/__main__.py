@@ -20,10 +20,8 @@ def _simulate(args) -> None:
     from .errors import ParameterError
     from .simnpu_env import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
 
-    if not getattr(args, "simulate_npu", False):
-        knobs = [f for f, v in (("--npu-cards", getattr(args, "npu_cards", None)), ("--npu-soc", getattr(args, "npu_soc", None)))
-                 if v is not None]
-        if knobs:
+    if not args.simulate_npu:
+        if knobs := [f for f, v in (("--npu-cards", args.npu_cards), ("--npu-soc", args.npu_soc)) if v is not None]:
             raise ParameterError(f"{' and '.join(knobs)} describe the simulated NPU: add --simulate-npu")
         return
     env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC)

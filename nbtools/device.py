@@ -72,17 +72,11 @@ def cann_set_env(install_info: str | os.PathLike = CANN_INSTALL_INFO, root: str 
     return next((str(c) for c in candidates if c.is_file()), None)
 
 
-def _cann_fix() -> str:
-    found = cann_set_env()
-    where = found or (f"{CANN_SET_ENV} (CANN 8.5 and later; older releases: {CANN_SET_ENV_OLD}; "
-                      f"`cat {CANN_INSTALL_INFO}` or `ls /usr/local/Ascend` shows where CANN is)")
-    return (
-        f"source {where} before starting Python/JupyterLab, then restart the kernel; if CANN is not installed, "
-        "install the CANN toolkit matching torch_npu (https://ascend.github.io/docs/sources/ascend/quick_install.html)"
-    )
-
-
-CANN_FIX = _cann_fix()
+_WHERE = (f"{CANN_SET_ENV} (CANN 8.5 and later; older releases: {CANN_SET_ENV_OLD}; "
+          f"`cat {CANN_INSTALL_INFO}` or `ls /usr/local/Ascend` shows where CANN is)")
+CANN_FIX = (f"source {cann_set_env() or _WHERE} before starting Python/JupyterLab, then restart the kernel; if CANN is "
+            "not installed, install the CANN toolkit matching torch_npu "
+            "(https://ascend.github.io/docs/sources/ascend/quick_install.html)")
 
 # Runs in a child interpreter; prints one JSON object.
 _PROBE = r"""
@@ -182,15 +176,11 @@ class DeviceInfo:
                 if precision in MIXED_PRECISIONS else f"not known; accepted: {', '.join(MIXED_PRECISIONS)}"))
         return precision
 
-    def visible_ids(self) -> list[str]:
-        """The card numbers this process may use, as the visibility variable lists them, else 0..count-1."""
-        return listed_ids(self.visible_devices) or [str(i) for i in range(self.count)]
-
     def cards(self, n: int) -> list[str]:
         """The one rule for the cards ``n`` ranks use: the first ``n`` this process may use (["4", "5"] where
         ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set); asked for more, the numbers after its last card follow
         (ascending, no card twice; the plan falls back to the CPU there). Session.cards and the plan ask here."""
-        ids = self.visible_ids()[:n]
+        ids = (listed_ids(self.visible_devices) or [str(i) for i in range(self.count)])[:n]  # as listed, else 0..
         after = max((int(i) for i in ids if i.isdigit()), default=-1) + 1  # "5,4" on CUDA: 6 next, never 5 again
         return ids + [str(i) for i in range(after, after + n - len(ids))]
 

@@ -84,8 +84,9 @@ class CommandResult:
         return f"<CommandResult: exit {self.returncode}, {lines} line(s) of output in {self.duration_s:.1f} s>"
 
 
-def _tail(text: str, n: int = 25) -> str:
-    return "\n".join("    " + ln for ln in text.rstrip().splitlines()[-n:])
+def _tail(text: str, n: int = 25, prefix: str = "") -> str:
+    """The last ``n`` lines of ``text`` (those starting with ``prefix``), indented."""
+    return "\n".join("    " + ln for ln in [ln for ln in text.rstrip().splitlines() if ln.startswith(prefix)][-n:])
 
 
 def failing_rank(output: str) -> int | None:
@@ -94,11 +95,6 @@ def failing_rank(output: str) -> int | None:
         return int(tb.group(1))
     root = re.search(r"Root Cause.*?rank\s*:\s*(\d+)", output, re.DOTALL)
     return int(root.group(1)) if root else None
-
-
-def _rank_lines(output: str, rank: int, n: int = 20) -> str:
-    mine = [ln for ln in output.splitlines() if ln.startswith(f"[rank{rank}]:")]
-    return "\n".join("    " + ln for ln in mine[-n:])
 
 
 def gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
@@ -174,7 +170,7 @@ def raise_on_failure(result: CommandResult, markers: tuple[str, ...] = ERROR_MAR
         else f"command exited 0 but its output holds the error marker {found[0]!r} ({result.duration_s:.1f} s)"
     )
     rank = failing_rank(result.output)
-    mine = _rank_lines(result.output, rank) if rank is not None else ""
+    mine = _tail(result.output, 20, f"[rank{rank}]:") if rank is not None else ""
     error = re.findall(r"^\s*\[rank\d+\]:\s*((?:[\w.]+\.)?\w*(?:Error|Exception): .*)$", mine, re.MULTILINE)
     line = error[-1][:200] if error else None
     head += f" -- rank {rank}: {line}" if error else ""  # the exception, in the reason a report shows

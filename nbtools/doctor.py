@@ -204,12 +204,8 @@ def render(rows: list[Row]) -> str:
             line += "\n" + " " * (w + 9) + ("fix: " if r.status in (FAIL, WARN) else "") + r.note
         out.append(line)
     blocking = [r for r in rows if r.status == FAIL]
-    out.append("")
-    out.append(
-        f"{len(blocking)} blocking problem(s): fix the FAIL lines above, then run again."
-        if blocking
-        else "No blocking problem: `python -m nbtools run` can start."
-    )
+    out += ["", f"{len(blocking)} blocking problem(s): fix the FAIL lines above, then run again." if blocking
+            else "No blocking problem: `python -m nbtools run` can start."]
     return "\n".join(out)
 
 

@@ -340,13 +340,12 @@ def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
                 proc.stdin.flush()
         try:
             proc.wait(timeout=wait)
-            break
         except subprocess.TimeoutExpired:
             kill_now(proc.pid)  # the guardian itself is wedged (never seen); its tree then re-parents to init
             proc.wait()
-            break
         except KeyboardInterrupt:
             how, wait = "kill", 3.0  # impatient: kill now, keep waiting only briefly
-    return _status(proc)
+            continue
+        return _status(proc)
 
 

@@ -34,14 +34,6 @@ _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
 
 
-def _context():
-    """(device info, device parameter, timeout, timeout name) of the open session, else the defaults."""
-    s = session.current()
-    if s is not None:
-        return s.info, s.device_param, s.timeout_s, "timeout_s"
-    return detect(), "auto", DEFAULT_TIMEOUT_S, "the default timeout"
-
-
 def expand_fields(text: str, namespace: dict) -> str:
     """Replace ``{name}`` / ``{name.attr}`` whose name exists in ``namespace``; leave every other brace
     (f-strings and dicts of a ``python -c`` program) exactly as written."""
@@ -96,12 +88,13 @@ def run_written(text: str) -> CommandResult:
     if written.background or written.fit:
         raise ParameterError("--background and --fit are %launch options (a launch that keeps running while the notebook "
                              "goes on; the learner's own job, shrunk to the visible cards)")
-    info, device, timeout, timeout_name = _context()
+    s = session.current()  # what is not written comes from the open session, else the defaults
+    info, device, timeout = (s.info, s.device_param, s.timeout_s) if s else (detect(), "auto", DEFAULT_TIMEOUT_S)
     real = commands.command_here(written, info, device)
     same = real.argv == written.argv and real.env == written.env
     shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
                   as_written=written.text, why=real.why_line,  # kept on the CommandResult (run_command builds it)
-                  timeout_name="--timeout" if written.timeout else timeout_name)
+                  timeout_name="--timeout" if written.timeout else "timeout_s" if s else "the default timeout")
     try:
         return run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
                            check=not written.allow_fail, offline=not written.online, echo=shown)
@@ -153,13 +146,6 @@ def register(ip) -> None:
 
     ip.register_magics(CommandMagics)
     ip.user_ns.setdefault("nbtools", nbtools)
-    global _FORK_SAFE
-    if not _FORK_SAFE:
-        os.register_at_fork(after_in_child=_reset_stream_locks)
-        _FORK_SAFE = True
-
-
-_FORK_SAFE = False
 
 
 def _reset_stream_locks() -> None:
@@ -175,3 +161,6 @@ def _reset_stream_locks() -> None:
         reinit = getattr(lock, "_at_fork_reinit", None)
         if reinit is not None:
             reinit()
+
+
+os.register_at_fork(after_in_child=_reset_stream_locks)  # once per process: the module is imported once

@@ -59,11 +59,6 @@ def _key(header: str) -> str:
     return _KEYS.get(h) or re.sub(r"[^a-z0-9]+", "_", h).strip("_")
 
 
-def _cells(line: str) -> list[str]:
-    """The cells of a table row: ``| a | b |`` -> ['a', 'b'] (outer pipes dropped, inner text stripped)."""
-    return [c.strip() for c in line.strip().removeprefix("|").removesuffix("|").split("|")]
-
-
 def _tokens(cell: str) -> list[str]:
     """Whitespace tokens of a cell, with ``used / total`` kept together as one ``used/total`` token."""
     return _PAIR.sub(r"\1/\2", cell).split()
@@ -90,8 +85,8 @@ def parse_npu_smi(text: str) -> dict:
     """Parse the output of ``npu-smi info``; raise ValueError when the text holds no NPU table header."""
     table = _Table()
     for line in map(str.strip, text.splitlines()):
-        if line.startswith("|"):  # not separators (+----+, +====+) or anything around the table
-            table.row(_cells(line))
+        if line.startswith("|"):  # not separators (+----+, +====+) or anything around the table; `| a | b |`: a, b
+            table.row([c.strip() for c in line.removeprefix("|").removesuffix("|").split("|")])
     if table.npu_header is None:
         raise ValueError("no `npu-smi info` table found: expected a header row with 'NPU', 'Name' and 'Health'")
     return {"version": table.version, "npus": table.npus, "processes": table.processes}

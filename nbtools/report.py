@@ -85,10 +85,6 @@ def to_dict(report: RunReport) -> dict:
     return d
 
 
-def write_json(report: RunReport, path: Path) -> None:
-    path.write_text(json.dumps(to_dict(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def xml_text(text) -> str:
     """Text that XML 1.0 can hold: terminal escapes removed, forbidden control characters dropped
     (a form feed, a NUL, a bell), everything else kept as is."""
@@ -130,10 +126,6 @@ def context(report: RunReport) -> dict:
         "summary": summary_line(report, counts),
         "statuses": list(Status),
     }
-
-
-def render_markdown(report: RunReport) -> str:
-    return TEMPLATES.get_template("report.md.j2").render(context(report))
 
 
 def write_junit(report: RunReport, path: Path) -> None:
@@ -181,9 +173,9 @@ def result_record(report: RunReport, environ=os.environ) -> dict:
 
 def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     paths = [output_dir / name for name in ("report.json", "report.md", "junit.xml", "result.json")]
-    write_json(report, paths[0])
-    paths[3].write_text(json.dumps(result_record(report), indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    paths[1].write_text(render_markdown(report), encoding="utf-8")
+    for path, record in ((paths[0], to_dict(report)), (paths[3], result_record(report))):
+        path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    paths[1].write_text(TEMPLATES.get_template("report.md.j2").render(context(report)), encoding="utf-8")
     write_junit(report, paths[2])
     paths.append(write_html(report, output_dir)[0])  # index.html; the notebook pages sit beside it
     return paths
@@ -214,14 +206,9 @@ def offline_exporter():
 
 
 def check_anchors(nb) -> dict[str, str]:
-    """check id -> the HTML anchor of its assertion cell in the nbconvert page (``cell-id=<id>``)."""
-    out = {}
-    for cell in nb.cells:
-        cell_id = cell.get("id")
-        for cid in check_ids(cell.get("metadata", {}).get("tags")):
-            if cell_id:
-                out.setdefault(cid, f"cell-id={cell_id}")
-    return out
+    """check id -> the HTML anchor of its (first) assertion cell in the nbconvert page (``cell-id=<id>``)."""
+    return {cid: f"cell-id={cell.id}" for cell in reversed(nb.cells) if cell.get("id")
+            for cid in check_ids(cell.get("metadata", {}).get("tags"))}
 
 
 def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str], dict[str, dict], list[str]]:
@@ -268,13 +255,13 @@ def render_index(
     return template.render(context(report), pages=pages or {}, anchors=anchors or {}, notes=notes or [])
 
 
-def write_html(report: RunReport, output_dir: Path, *, notebook_pages: bool = True) -> list[Path]:
-    """Write index.html (and, with ``notebook_pages``, NN_x.html per executed notebook) into output_dir.
+def write_html(report: RunReport, output_dir: Path) -> list[Path]:
+    """Write index.html and NN_x.html per executed notebook into output_dir.
 
     Returns [index.html, the notebook pages...].
     """
     output_dir = Path(output_dir)
-    pages, anchors, notes = render_notebooks(report, output_dir) if notebook_pages else ({}, {}, [])
+    pages, anchors, notes = render_notebooks(report, output_dir)
     index = output_dir / INDEX
     index.write_text(render_index(report, pages, anchors, notes), encoding="utf-8")
     return [index, *(output_dir / p for p in pages.values())]

@@ -191,23 +191,13 @@ class _Stopper:
         return signal.Signals(self.signum).name if self.signum else ""
 
     def __enter__(self) -> _Stopper:
-        self.install()
+        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set from there
+            self._saved = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
         return self
 
     def __exit__(self, *exc) -> None:
         if left := self.finish():
             self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        for sig in SIGNALS:
-            self._saved[sig] = signal.signal(sig, self._on_signal)
-
-    def restore(self) -> None:
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        self._saved.clear()
 
     def _say(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # SIGHUP: the terminal may be gone
@@ -216,18 +206,17 @@ class _Stopper:
     def _on_signal(self, signum, frame) -> None:
         if self.signum is not None:
             self._say(f"nbtools run: {signal.Signals(signum).name} again: killing the kernel now")
-            self._kill_kernel()
+            self._signal_kernel(signal.SIGKILL)
             return
         self.signum = signum
         self._say(
             f"\nnbtools run: {self.name} received: stopping the running notebook (its launches stop with it), "
             "then writing the report"
         )
-        self._remember()
         state = self.state
         if state is not None:
             state.stopping = True
-            self._signal_kernel(signal.SIGINT)
+        self._signal_kernel(signal.SIGINT)  # notes the kernel's tree first
         threading.Thread(target=self._watch, daemon=True, name="nbtools-stop").start()
 
     def _watch(self) -> None:
@@ -236,24 +225,20 @@ class _Stopper:
             self._remember()
             if time.monotonic() > deadline and self.state is not None:
                 self._say(f"nbtools run: the kernel did not stop within {self.grace:.0f} s: killing it")
-                self._kill_kernel()
+                self._signal_kernel(signal.SIGKILL)
                 deadline = float("inf")
 
-    def _remember(self) -> None:
-        """Note the kernel and its descendants now: once the kernel is gone they cannot be found from it."""
+    def _remember(self) -> int | None:
+        """Note the kernel and its descendants now: once the kernel is gone they cannot be found from it. Its pid."""
         pid = self.state.pid if self.state is not None else None
         if pid is not None:
             with self._lock:
                 remember(pid, self.known)
+        return pid
 
     def _signal_kernel(self, sig: int) -> None:
-        pid = self.state.pid if self.state is not None else None
-        if pid is not None:
+        if (pid := self._remember()) is not None:  # noted first: a kernel killed takes its tree's links with it
             signal_group(pid, sig)  # the kernel runs in its own session
-
-    def _kill_kernel(self) -> None:
-        self._remember()
-        self._signal_kernel(signal.SIGKILL)
 
     @contextmanager
     def watching(self, state: KernelState):
@@ -270,7 +255,8 @@ class _Stopper:
     def finish(self) -> list[int]:
         """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive. Returns those pids."""
         self._done.set()
-        self.restore()
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
         if self.signum is None:
             return []
         alive = [p for p in self.known.values() if is_alive(p)]

@@ -218,14 +218,10 @@ def setup(
         device=device, num_processes=num_processes, timeout_s=timeout_s, info=info, require_healthy=not allow_broken
     )
     plan = info.plan(num_processes, device)  # None: the one default count (device.DEFAULT_PROCESSES)
-    work = _work_dir(work_dir, keep_work_dir, origin)
+    # given: that folder; else a persistent one under origin in interactive use, a private temporary one unattended
+    work = workdir.work_dir(work_dir, keep=keep_work_dir, persistent=not work_dir and not unattended(), base=origin)
     session = Session(info, plan, device, plan.num_processes, timeout_s, work, keep_work_dir, origin)
     os.chdir(work)
     _CURRENT = session
     print("\n".join(session.platform_lines()))
     return session
-
-
-def _work_dir(path: str, keep: bool, origin: Path) -> Path:
-    """``path``; else a persistent folder under ``origin`` in interactive use, a private temporary one unattended."""
-    return workdir.work_dir(path, keep=keep, persistent=not path and not unattended(), base=origin)

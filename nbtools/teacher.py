@@ -160,11 +160,6 @@ def exercise_cells(nb) -> list[tuple[int, int]]:
             if c.cell_type == "markdown" and (m := _EXERCISE.match(c.source))]
 
 
-def prose_chars(nb) -> int:
-    """Characters of markdown outside the folded ``<details>`` blocks (hints and answers)."""
-    return sum(len(_FOLDED.sub("", c.source)) for c in nb.cells if c.cell_type == "markdown")
-
-
 def exercise_problems(nb) -> list[str]:
     """Each exercise is its own markdown cell (``### 练习 N``, numbered 1, 2, ... in order) with its folded
     hint and answer, sharing the cell with no section, followed by an empty code cell to work in."""
@@ -187,7 +182,7 @@ def exercise_problems(nb) -> list[str]:
     if orphans := [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbtools", {}).get("answers")
                    and i not in {i for _, i in found}]:
         out.append(f"cells {orphans} carry nbtools.answers but are no exercise cell: `nbtools answers` never runs them")
-    if (chars := prose_chars(nb)) > PROSE_LIMIT:
+    if (chars := sum(len(_FOLDED.sub("", c.source)) for c in nb.cells if c.cell_type == "markdown")) > PROSE_LIMIT:
         out.append(f"{chars:,} characters of prose outside the folded hints and answers (at most {PROSE_LIMIT:,}): "
                    "cut, or move to the appendix")
     return out
@@ -264,18 +259,7 @@ def answer_blocks(exercise_md: str) -> list[str]:
     if ANSWER_SUMMARY not in exercise_md:
         raise ParameterError(f"the exercise has no {ANSWER_SUMMARY}")
     answer = exercise_md.split(ANSWER_SUMMARY, 1)[1].split("</details>", 1)[0]  # not a fence after the fold
-    return [_dedent(m.group(1)) for m in _FENCE.finditer(answer)]
-
-
-def _dedent(block: str) -> str:
-    return textwrap.dedent(block).rstrip("\n") + "\n"
-
-
-def _code(edit: dict, blocks: list[str]) -> str:
-    code = edit["code"]
-    if isinstance(code, int) and code >= len(blocks):
-        raise ParameterError(f"the answer has {len(blocks)} code block(s), the spec wants block {code}")
-    return blocks[code] if isinstance(code, int) else code
+    return [textwrap.dedent(m.group(1)).rstrip("\n") + "\n" for m in _FENCE.finditer(answer)]
 
 
 def _indented(source: str, replaced: str, code: str) -> str:
@@ -299,7 +283,10 @@ def _one(cells, text: str, kind: str | None = "code"):
 def apply(nb, spec: dict, blocks: list[str]) -> None:
     """Apply one answer's edits and parameters to ``nb`` in place."""
     for edit in spec.get("edits", []):
-        code = _code(edit, blocks)
+        code = edit["code"]
+        if isinstance(code, int) and code >= len(blocks):
+            raise ParameterError(f"the answer has {len(blocks)} code block(s), the spec wants block {code}")
+        code = blocks[code] if isinstance(code, int) else code
         if "new_cell_before" in edit:
             target = _one(nb.cells, edit["new_cell_before"], kind=None)
             nb.cells.insert(nb.cells.index(target), nbformat.v4.new_code_cell(code.rstrip("\n")))
