@@ -150,13 +150,12 @@ def _cmd_detect(args) -> int:
 
     _simulate(args)
     info = detect()
+    plan = info.plan(args.num_processes)
     if args.json:
-        d = info.to_dict()
-        d["plan"] = info.plan(args.num_processes).__dict__
-        print(json.dumps(d, indent=2))
+        print(json.dumps({**info.to_dict(), "plan": plan.__dict__}, indent=2))
     else:
         print(info.summary())
-        print("plan: " + info.plan(args.num_processes).note)
+        print("plan: " + plan.note)
     return 0
 
 
@@ -263,15 +262,10 @@ def _inspect_commands(sub, sim: argparse.ArgumentParser) -> None:
     rp.set_defaults(func=_cmd_report)
 
 
-def _tolerant_output() -> None:
-    """Print whatever a notebook said even where the terminal's encoding cannot (LANG=C, GBK)."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(errors="backslashreplace")
-
-
 def main(argv: list[str] | None = None) -> int:
-    _tolerant_output()
+    for stream in (sys.stdout, sys.stderr):  # whatever a notebook said, even where the terminal's encoding cannot
+        with contextlib.suppress(AttributeError, ValueError):  # (LANG=C, GBK)
+            stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

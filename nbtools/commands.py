@@ -141,15 +141,10 @@ def parse(text: str) -> WrittenCommand:
         env[name] = value
     if not words:
         raise ParameterError("no command given (e.g. `%cmd python --version`)")
-    return WrittenCommand(_written_text(text), env, words, timeout, *switches.values())
-
-
-def _written_text(text: str) -> str:
-    """The text as written minus the leading nbtools options (kept verbatim otherwise)."""
-    rest = text.strip()
+    rest = text.strip()  # the text as written minus the leading nbtools options (kept verbatim otherwise)
     while m := re.match(rf"({'|'.join(SWITCHES)}|--timeout(?:=\S+|\s+\S+))(\s+|$)", rest):
         rest = rest[m.end():]
-    return rest
+    return WrittenCommand(rest, env, words, timeout, *switches.values())
 
 
 def _quote(word: str) -> str:
@@ -178,18 +173,6 @@ def executable(name: str) -> str:
 
 def torch_npu_installed() -> bool:
     return importlib.util.find_spec("torch_npu") is not None
-
-
-def _visible_rule(env: dict[str, str], info: DeviceInfo, real: CommandHere) -> None:
-    """The NPU visible-devices variable of the quick-start means the same for CUDA; nothing on a CPU."""
-    if ASCEND_VAR not in env or info.kind == "npu":
-        return
-    value = env.pop(ASCEND_VAR)
-    if info.kind == "cuda":
-        env[CUDA_VAR] = value
-        real.why.append(f"这里是 CUDA：{CUDA_VAR} 选卡，就像 NPU 上的 {ASCEND_VAR}")
-    else:
-        real.why.append(f"这里没有 NPU：CPU 上 {ASCEND_VAR} 没有卡可选，去掉")
 
 
 # The quick-start's devices in its dispatch program, and the half each one holds.
@@ -229,18 +212,15 @@ def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
     return real, why
 
 
-def is_quickstart_dispatch(program: str) -> bool:
-    """Is this the quick-start's dispatch program (a load_checkpoint_and_dispatch over 'npu:0' and 'npu:1')?"""
-    devices = {d for _, d in re.findall(r"""(['"])(npu:[01])\1""", program)}
-    return "load_checkpoint_and_dispatch(" in program and devices == {QUICKSTART_FIRST, QUICKSTART_SECOND}
-
-
 def dispatch_rule(argv: list[str], kind: str, count: int) -> tuple[list[str], str] | None:
     """For ``%cmd``: ``python -c <the quick-start's dispatch program>`` on this machine -> (argv, why).
 
-    None when ``argv`` is not that program or when it runs unchanged here (two NPUs).
+    None when ``argv`` is not that program (a load_checkpoint_and_dispatch over 'npu:0' and 'npu:1') or when it runs
+    unchanged here (two NPUs).
     """
-    if len(argv) != 3 or argv[1] != "-c" or not is_quickstart_dispatch(argv[2]):
+    if len(argv) != 3 or argv[1] != "-c" or "load_checkpoint_and_dispatch(" not in argv[2]:
+        return None
+    if {d for _, d in re.findall(r"""(['"])(npu:[01])\1""", argv[2])} != {QUICKSTART_FIRST, QUICKSTART_SECOND}:
         return None
     program, why = adapt_dispatch(argv[2], kind, count)
     return ([argv[0], "-c", program], why) if why else None
@@ -282,7 +262,13 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
         real.why.append("`accelerate` 换成内核所在环境里的命令")
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
         raise CommandNotHere(f"`npu-smi` 只在装了 NPU 驱动的昇腾主机上有，这台是 {info.kind.upper()}")
-    _visible_rule(env, info, real)
+    if ASCEND_VAR in env and info.kind != "npu":  # the quick-start's NPU variable means the same for CUDA
+        value = env.pop(ASCEND_VAR)
+        if info.kind == "cuda":
+            env[CUDA_VAR] = value
+            real.why.append(f"这里是 CUDA：{CUDA_VAR} 选卡，就像 NPU 上的 {ASCEND_VAR}")
+        else:
+            real.why.append(f"这里没有 NPU：CPU 上 {ASCEND_VAR} 没有卡可选，去掉")
     return real
 
 

@@ -364,16 +364,6 @@ _PROBE_KEY_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "LD_LIBR
 PROBE_CACHE_TTL_S = 600.0
 
 
-def _probe_cache_file(python: str) -> Path:
-    """Where this interpreter's probe answers are kept between processes, keyed on what they depend on."""
-    key = json.dumps([os.path.realpath(python),
-                      [installed(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
-                      [os.environ.get(v) for v in _PROBE_KEY_VARS]])
-    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
-    return base / f"probe-{digest}.json"
-
-
 def cached_probe(python: str | None = None, refresh: bool = False) -> dict:
     """The probe's answers, from a fresh child process at most every PROBE_CACHE_TTL_S seconds.
 
@@ -382,7 +372,11 @@ def cached_probe(python: str | None = None, refresh: bool = False) -> dict:
     shows at the next call.
     """
     python = python or sys.executable
-    path = _probe_cache_file(python)
+    key = json.dumps([os.path.realpath(python),  # what the answers depend on
+                      [installed(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
+                      [os.environ.get(v) for v in _PROBE_KEY_VARS]])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
+    path = base / f"probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if not refresh:
         with contextlib.suppress(OSError, ValueError):
             if time.time() - path.stat().st_mtime < PROBE_CACHE_TTL_S:

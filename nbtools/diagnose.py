@@ -159,9 +159,9 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
     return "".join(kept), [EXIT_BARRIER_NOTE]  # EXIT_BARRIER is in the output: some line held it
 
 
-def raise_on_failure(result: CommandResult, markers: tuple[str, ...] = ERROR_MARKERS) -> None:
+def raise_on_failure(result: CommandResult) -> None:
     text, _ = benign_blocks(result.output, result.returncode)
-    found = [m for m in markers if m in text]
+    found = [m for m in ERROR_MARKERS if m in text]
     if result.returncode == 0 and not found:
         return
     head = (

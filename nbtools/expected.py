@@ -31,9 +31,8 @@ def _line_regex(expected_line: str) -> re.Pattern:
     return re.compile(".*".join(re.escape(p) for p in parts) + r"\s*")
 
 
-def _lines(text: str, drop_blank: bool) -> list[str]:
-    out = [ln.rstrip() for ln in text.strip("\n").splitlines()]
-    return [ln for ln in out if ln.strip()] if drop_blank else out
+def _lines(text: str) -> list[str]:
+    return [ln.rstrip() for ln in text.strip("\n").splitlines() if ln.strip()]  # blank lines are ignored
 
 
 @dataclass
@@ -69,8 +68,7 @@ class Match:
 
 def match(expected: str, actual: str) -> Match:
     """Does ``actual`` match the ``expected`` block (the quick-start's rules)? Returns a truthy/falsy Match."""
-    exp = _lines(expected, drop_blank=True)
-    act = _lines(actual, drop_blank=True)
+    exp, act = _lines(expected), _lines(actual)
     rx = [None if ln.strip() == ANY_LINES else _line_regex(ln) for ln in exp]
     n, m = len(exp), len(act)
     # reach[i][j]: exp[:i] matches act[:j]  (forward, so a failure can say how far it got)

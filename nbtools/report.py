@@ -46,14 +46,11 @@ def counted(counts: dict) -> str:
 def summary_line(report: RunReport, counts: dict | None = None) -> str:
     """'PASSED: 11 passed, 1 skipped checks; 7/7 notebooks passed in 312.4 s' (the CLI's last line)."""
     counts = counts or status_counts(report)
-    verdict = report.verdict
     checks = counted(counts["checks"]) or "no"
     passed = counts["notebooks"].get(Status.PASSED, 0)
     simulated = " on the simulated NPU (code paths and wiring, not the hardware)" if report.device.get("simulated") else ""
-    return (
-        f"{verdict}: {checks} checks; {passed}/{len(report.notebooks)} notebooks passed in {report.duration_s:.1f} s"
-        f"{simulated}"
-    )
+    return (f"{report.verdict}: {checks} checks; {passed}/{len(report.notebooks)} notebooks passed in "
+            f"{report.duration_s:.1f} s{simulated}")
 
 
 def verdict_table(report: RunReport, output_dir: Path) -> str:
@@ -73,16 +70,14 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
 
 
 def to_dict(report: RunReport) -> dict:
-    d = asdict(report)
     counts = status_counts(report)
-    d["summary"] = {
+    return {**asdict(report), "summary": {
         "ok": report.ok,
         "checks": counts["checks"],
         "notebooks": len(report.notebooks),
         "notebook_statuses": counts["notebooks"],
         "junit": counts["junit"],
-    }
-    return d
+    }}
 
 
 def xml_text(text) -> str:

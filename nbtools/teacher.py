@@ -267,9 +267,8 @@ def _indented(source: str, replaced: str, code: str) -> str:
     further lines that indentation too (a learner's block pasted into a loop body)."""
     at = source.index(replaced)
     indent = source[source.rfind("\n", 0, at) + 1 : at]
-    lines = code.rstrip("\n").split("\n")
     indent = indent if not indent.strip() else ""
-    return "\n".join(lines[:1] + [indent + line if line else line for line in lines[1:]])
+    return textwrap.indent(code.rstrip("\n"), indent).removeprefix(indent)  # the first line goes where the match was
 
 
 def _one(cells, text: str, kind: str | None = "code"):
@@ -301,9 +300,8 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
             at = [i for i, line in enumerate(lines) if edit["after"] in line]
             if len(at) != 1:
                 raise ParameterError(f"{len(at)} lines contain {edit['after']!r} (expected one)")
-            indent = re.match(r"\s*", lines[at[0]]).group(0)
-            new = [indent + line if line else line for line in code.rstrip("\n").split("\n")]
-            cell.source = "\n".join(lines[: at[0] + 1] + new + lines[at[0] + 1 :])
+            new = textwrap.indent(code.rstrip("\n"), re.match(r"\s*", lines[at[0]]).group(0))  # the line's indentation
+            cell.source = "\n".join([*lines[: at[0] + 1], new, *lines[at[0] + 1 :]])
     if params := spec.get("params"):
         cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
         cell.source += "\n" + "\n".join(f"{k} = {v!r}  # set by this answer" for k, v in params.items())
@@ -496,6 +494,5 @@ def _card_holders(kill: bool, dry_run: bool, say) -> None:
     if kill and not dry_run:
         killed = terminate_then_kill(existing(pids))
         alive = [p.pid for p in existing(pids) if is_alive(p)]
-        stopped = len(pids) - len(alive)
-        say(f"stopped {stopped} of {len(pids)}" + (f" ({len(killed)} needed SIGKILL)" if killed else "")
+        say(f"stopped {len(pids) - len(alive)} of {len(pids)}" + (f" ({len(killed)} needed SIGKILL)" if killed else "")
             + (f"; still alive (another user's?): {alive}" if alive else ""))
