@@ -62,3 +62,4 @@ def _autoload():
 
 if sys.modules["_simnpu"].NEW:   # 2.14.0 restores the switch when `import torch_npu` came first, too
     _autoload()
+    del sys   # and binds no `sys`
