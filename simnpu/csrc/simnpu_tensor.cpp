@@ -174,8 +174,7 @@ c10::DataPtr npu_data(c10::DataPtr&& host, int64_t n, int dev) {
 // once. expandable_segments shapes the reservations and the snapshot (above); the other options change nothing here.
 void check_alloc_conf() {
   const char* env = std::getenv("PYTORCH_NPU_ALLOC_CONF");
-  const char* version = std::getenv("SIMNPU_TORCH_NPU");
-  if (version != nullptr && std::string(version) == "2.14.0") {
+  if (simnpu::soc().alloc_conf_2_14) {
     const char* acc = std::getenv("PYTORCH_ALLOC_CONF");
     TORCH_CHECK(env == nullptr || acc == nullptr,
                 "Both PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF have been set, please set only one of them.");

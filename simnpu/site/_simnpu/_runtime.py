@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from . import _build
+from . import NEW, _build
 
 LIB = _build.load()
 
@@ -117,4 +117,4 @@ def segments(index):
     return list(out[:n]), bool(flag.value), small.value
 
 
-LIB.simnpu_configure(SOC.encode(), HBM, int(BF16))
+LIB.simnpu_configure(SOC.encode(), HBM, int(BF16), int(NEW))
