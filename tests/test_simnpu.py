@@ -748,7 +748,7 @@ def test_a_card_runs_out_of_memory_past_the_fraction_with_the_real_message(work)
 
 def test_alloc_conf_is_validated_like_the_real_allocator(work):
     """PYTORCH_NPU_ALLOC_CONF is read at the first allocation with the real allocator's messages; valid options
-    run (they change nothing on the simulation)."""
+    run (only expandable_segments changes what the simulation does: tests/test_simnpu_versions.py)."""
     code = "import torch; torch.ones(1, device='npu'); print('allocated')"
     for conf, said in [("max_split_size_mb:128,garbage_collection_threshold:0.6", "allocated"),
                        ("bogus:1", "Unrecognized CachingAllocator option: bogus"),

@@ -111,3 +111,14 @@ if hasattr(torch.npu, "set_task_queue_enable"):
     assert "HAS False" in py(code, sim_env(work), work).stdout
     r = py(code, sim_env(work, SIMNPU_TORCH_NPU="2.14.0", TASK_QUEUE_ENABLE="1"), work)
     assert "HAS True\nTQ 1\nTQ 2\nREFUSED mode must be 0, 1, or 2, but got 3." in r.stdout, r.stdout
+
+
+def test_nbtools_torch_npu_option_presents_the_release(work):
+    """`--torch-npu 2.14.0` puts site-2.14.0's dist-info in front: the probe, pip and the stand-in say 2.14.0; without
+    --simulate-npu the option is refused by name."""
+    env = {k: v for k, v in sim_env(work).items() if k not in ("PYTHONPATH", "SIMNPU_TORCH_NPU")}
+    env["PYTHONPATH"] = os.path.dirname(SIMNPU)
+    r = run([sys.executable, "-m", "nbtools", "detect", "--simulate-npu", "--torch-npu", "2.14.0"], env, work)
+    assert r.returncode == 0 and "torch_npu 2.14.0+simulated" in r.stdout, r.stdout
+    r = run([sys.executable, "-m", "nbtools", "detect", "--torch-npu", "2.14.0"], env, work)
+    assert r.returncode != 0 and "--torch-npu describe the simulated NPU: add --simulate-npu" in r.stdout, r.stdout
