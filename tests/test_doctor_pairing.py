@@ -6,10 +6,13 @@ version in CANN's install info under ASCEND_HOME_PATH (here a stand-in file)."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 from conftest import ROOT
 from test_device import CPU, NPU2
@@ -86,3 +89,11 @@ def test_without_cann_the_doctor_says_nothing_of_pairing(tmp_path, monkeypatch):
     monkeypatch.setenv("ASCEND_HOME_PATH", str(tmp_path))  # set, but no CANN installed there
     assert pairing_row(dict(CPU)) is None
     assert "CANN pairing" not in doctor.render(doctor._torch_rows(from_probe(dict(CPU))) + doctor._pairing_rows(from_probe(dict(CPU))))
+
+
+def test_the_table_ships_with_nbtools():
+    """pyproject.toml's package data covers the table (an install that is not a checkout still has it)."""
+    globs = re.search(r"^\[tool\.setuptools\.package-data\]\nnbtools = (\[.*?\])", Path(ROOT, "pyproject.toml").read_text(),
+                      re.M).group(1)
+    assert any(fnmatch.fnmatch("data/ascend_compat.json", g) for g in json.loads(globs)), globs
+    assert doctor.COMPAT == Path(doctor.__file__).parent / "data" / "ascend_compat.json"
