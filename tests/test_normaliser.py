@@ -177,10 +177,13 @@ def test_no_other_module_builds_an_accelerate_launch_argv():
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         compared = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Compare) for c in node.comparators}
+        # a name bound to "accelerate" (or to anything that names it) stands for the program: `prog = "accelerate"`
+        aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and "accelerate" in
+                   ast.unparse(node.value) for t in node.targets if isinstance(t, ast.Name)}
         for node in ast.walk(tree):
             if isinstance(node, (ast.List, ast.Tuple)) and id(node) not in compared:
                 words = [ast.unparse(e) for e in node.elts]
-                if "'launch'" in words and any("accelerate" in w for w in words):
+                if "'launch'" in words and any("accelerate" in w or w in aliases for w in words):
                     found.append(f"{path.name}:{node.lineno}")
             if isinstance(node, ast.FunctionDef) and not (path.name == "commands.py" and node.name == "command_here"):
                 if "executable('accelerate')" in ast.unparse(node).replace('"', "'"):
