@@ -143,6 +143,10 @@ def test_the_default_count_has_one_source(in_session, tmp_path, monkeypatch):
                 assert "--num_processes 3 " in line, (name, line)
     finally:
         s.close()
+    # and with no session open (a script or the CLI outside a notebook): the same one default, said as the default
+    assert session.current() is None
+    spec = launcher.launch_spec(commands.parse_launch("accelerate launch t.py"), info=info(SIM8), cwd=tmp_path)
+    assert spec.plan.num_processes == 3 and "用 3 个进程（默认）" in spec.why, spec.why
 
 
 def test_the_precision_list_has_one_source(in_session, tmp_path, monkeypatch):
