@@ -10,7 +10,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT, isolated_prefix, on_its_own, required_ci_output, skip_outside_ci, without_offline_env
+from conftest import (
+    NOTEBOOKS,
+    ROOT,
+    isolated_prefix,
+    on_its_own,
+    required_ci_output,
+    skip_outside_ci,
+    without_offline_env,
+)
 
 from nbtools import detect
 from nbtools.checks import SEED_CHECKS, Here, Status, check_ids, needs_of

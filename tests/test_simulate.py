@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT, required_ci_output, skip_outside_ci
+from conftest import NOTEBOOKS, required_ci_output
 
 from nbtools import ParameterError, simnpu_env
 from nbtools.device import SIMULATED, detect, from_probe
