@@ -88,9 +88,7 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     info = info or detect()
     rows = [_python_row(info.versions["python"])]
     rows += [Row("setup", p.what, FAIL if p.blocking else WARN, p.fix) for p in info.problems]
-    rows += _torch_rows(info) + _pairing_rows(info)
-    rows.append(_devices_row(info))
-    rows += _package_rows()
+    rows += _torch_rows(info) + _pairing_rows(info) + [_devices_row(info)] + _package_rows()
     cfg = accelerate_config_path()
     if cfg and os.path.exists(cfg):
         note = "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)"
