@@ -6,6 +6,9 @@ packages are outside the learner's venv. Two images:
 - an old ModelArts-like one (Python 3.11, torch 2.5.1 + torch_npu 2.5.1): refused in one sentence, nothing
   installed; a plain `pip install -r requirements-learner.txt` there would replace its torch (the control);
 - the quick-start's (Python 3.12, torch 2.9.0 + torch_npu 2.9.0.post2): installs, and keeps them.
+A bare-metal Ascend host (no torch) is a venv of this Python, offline: `--npu` installs the pair from local indexes of
+metadata-only wheels whose Requires-Dist is the real wheels' (x86_64: torch_npu asks for torch==2.9.0+cpu), the
+machine stood in for by NBTOOLS_INSTALL_MACHINE.
 The floors themselves are held to what CI runs (README's ci: commands).
 """
 
