@@ -324,3 +324,10 @@ def test_npu_on_an_x86_64_host_that_cannot_reach_pytorchs_index_says_the_command
     assert "`python -m pip install torch==2.9.0+cpu --index-url https://download.pytorch.org/whl/cpu`" in said[0], said
     assert "then run `python tools/install.py --npu` again" in said[0], said
     assert versions("python", env, "torch", "torch-npu") == {"torch": None, "torch-npu": None}
+
+
+def test_npu_on_a_machine_requirements_npu_has_no_torch_for_installs_nothing_and_says_so(tmp_path):
+    env, pypi, cpu = bare_host(tmp_path, "arm64")  # macOS' name; requirements-npu.txt names x86_64 and aarch64
+    proc = _install_npu(env, pypi, cpu.as_uri())
+    assert proc.returncode == 1 and "$ " not in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith("this machine is arm64."), proc.stderr

@@ -111,6 +111,10 @@ def main(argv=None):
     if too_old:
         print("tools/install.py: nothing installed: " + too_old, file=sys.stderr)
         return 1
+    if npu and not held.get("torch") and "torch" not in npu_pins():
+        print(f"tools/install.py: nothing installed: requirements-npu.txt names the quick-start's torch for x86_64 and "
+              f"aarch64 (torch_npu's Ascend hosts) only, and this machine is {MACHINE}.", file=sys.stderr)
+        return 1
     first, extra = npu_plan(held, floors) if npu else (None, [])
     if first:
         rc = install_torch_first(first, index, "--dry-run" in args)
