@@ -67,8 +67,8 @@ RANK = 'import os\nprint(f"task_queue={os.environ.get(\'TASK_QUEUE_ENABLE\', \'u
 
 @pytest.mark.parametrize("learner, ranks", [(None, "unset"), ("0", "0")])
 def test_a_launch_from_a_kernel_that_imported_torch(learner, ranks, tmp_path):
-    """A kernel on the simulated NPU imports torch (autoload imports torch_npu); its %launch's ranks get no
-    TASK_QUEUE_ENABLE=0 unless the learner exported it before the kernel started."""
+    """A kernel on the simulated NPU imports torch (autoload imports torch_npu, which sets TASK_QUEUE_ENABLE=0 in an
+    interactive interpreter); its %launch's ranks get no 0 unless the learner exported it before the kernel started."""
     (tmp_path / "tq.py").write_text(RANK)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     env = {**env, **simnpu_env.environment(environ=env), "SIMNPU_CARDS": "2"}
@@ -83,7 +83,7 @@ def test_a_launch_from_a_kernel_that_imported_torch(learner, ranks, tmp_path):
         kc.wait_for_ready(timeout=120)
         code = textwrap.dedent(f"""\
             import os, torch
-            os.environ["TASK_QUEUE_ENABLE"] = "0"  # what torch_npu does in an interactive interpreter
+            print("kernel: TASK_QUEUE_ENABLE " + os.environ["TASK_QUEUE_ENABLE"])  # torch_npu's (the stand-in's) interactive 0
             import nbtools
             %load_ext nbtools
             S = nbtools.setup(device="npu", num_processes=2, timeout_s=300)
@@ -94,6 +94,7 @@ def test_a_launch_from_a_kernel_that_imported_torch(learner, ranks, tmp_path):
                                                                                           + str(m["content"].get("evalue", ""))))
         text = "".join(out)
         assert reply["content"]["status"] == "ok", text[-3000:]
+        assert "kernel: TASK_QUEUE_ENABLE 0" in text, text[-3000:]
         assert text.count(f"task_queue={ranks}") == 2 and "task_queue=" + ("0" if ranks == "unset" else "unset") not in text, text[-3000:]
         assert (SAID in text) == (learner is None), text[-3000:]
     finally:
