@@ -221,8 +221,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
     shown = as_shown(echo)
     if shown.echo and spec.notes:
         print("\n".join(spec.notes))
-    tries = 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
-    abort_reruns = 0
+    tries, abort_reruns = 2 + MAX_ABORT_RERUNS, 0  # the first try, one more after a port taken meanwhile, the reruns
     for attempt in range(tries):
         port = spec.next_port()
         this = dataclasses.replace(shown, command=spec.shown(port), why=spec.why)  # always the rule's own why line
@@ -266,8 +265,6 @@ def retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPla
         return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
     whose = ("torch's gloo on CPU" if plan.kind == "cpu" else
              "the simulated NPU's transport, which is torch's gloo under a simulated hccl: not a property of hccl")
-    return (
-        "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
-        f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
-        f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
-    )
+    return ("[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
+            f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
+            f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see")
