@@ -68,16 +68,18 @@ bool g_expandable = false;  // PYTORCH_NPU_ALLOC_CONF (or 2.14.0's PYTORCH_ALLOC
 // (NPUCachingAllocator.cpp ExpandableSegment: kSmallBuffer pages for the small pool, kLargeBuffer for the large
 // one); its snapshot reports those segments with is_expandable true. Here: reserve only the pages the request
 // lacks, into that pool's one segment.
-int64_t grow(Mem& m, int64_t b, int64_t seg) {
-  if (!g_expandable) {
-    m.segs.push_back(seg);
-    return seg;
-  }
+int64_t reserve_size(const Mem& m, int64_t b) {  // what a request that does not fit the cache reserves
+  if (!g_expandable) return segment_size(b);
   const int64_t page = b <= kSmallSize ? kSmallBuffer : kLargeBuffer;
-  const int64_t pages = (m.allocated + b - m.reserved + page - 1) / page * page;
+  return std::max<int64_t>(0, (m.allocated + b - m.reserved + page - 1) / page * page);
+}
+void grow(Mem& m, int64_t b, int64_t size) {
+  if (!g_expandable) {
+    m.segs.push_back(size);
+    return;
+  }
   if (m.segs.size() < 2) m.segs.resize(2, 0);
-  m.segs[b <= kSmallSize ? 0 : 1] += pages;
-  return pages;
+  m.segs[b <= kSmallSize ? 0 : 1] += size;
 }
 void release(Mem& m) {  // the cache given back: what stays reserved is one segment (of its pool when expandable)
   m.reserved = released(m.allocated);
@@ -111,23 +113,17 @@ void count_alloc(int dev, int64_t n) {
   std::lock_guard<std::mutex> lock(mem_mutex);
   Mem& m = mem[dev];
   if (m.allocated + b > m.reserved) {  // no cached room: reserve a segment
-    int64_t seg = segment_size(b);
-    if (g_expandable) {
-      const int64_t page = b <= kSmallSize ? kSmallBuffer : kLargeBuffer;
-      seg = (m.allocated + b - m.reserved + page - 1) / page * page;
-    }
+    int64_t seg = reserve_size(m, b);
     if (m.reserved + seg > allowed(dev)) {  // release the cache, retry (the real one counts num_alloc_retries)
       release(m);
       ++m.retries;
-      if (g_expandable) {
-        const int64_t page = b <= kSmallSize ? kSmallBuffer : kLargeBuffer;
-        seg = std::max<int64_t>(0, (m.allocated + b - m.reserved + page - 1) / page * page);
-      }
+      seg = reserve_size(m, b);
     }
     if (m.reserved + seg > allowed(dev)) {
       ++m.ooms;
       const std::string allowed_info = fraction_set(dev) ? format_size(allowed(dev)) + " allowed; " : "";
-      const std::string msg = "NPU out of memory. Tried to allocate " + format_size(seg) + " (NPU " +
+      // the request's allocation size (segment_size), with expandable segments too (the pages are not named)
+      const std::string msg = "NPU out of memory. Tried to allocate " + format_size(segment_size(b)) + " (NPU " +
           std::to_string(dev) + "; " + format_size(capacity(dev)) + " total capacity; " + format_size(m.allocated) +
           " already allocated; " + format_size(m.allocated) + " current active; " +
           format_size(capacity(dev) - m.reserved) + " free; " + allowed_info + format_size(m.reserved) +
@@ -135,7 +131,8 @@ void count_alloc(int dev, int64_t n) {
           "to avoid fragmentation.";
       TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
-    m.reserved += grow(m, b, seg);
+    grow(m, b, seg);
+    m.reserved += seg;
     m.peak_reserved = std::max(m.peak_reserved, m.reserved);
   }
   m.allocated += b;
