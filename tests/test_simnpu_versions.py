@@ -122,3 +122,48 @@ def test_nbtools_torch_npu_option_presents_the_release(work):
     assert r.returncode == 0 and "torch_npu 2.14.0+simulated" in r.stdout, r.stdout
     r = run([sys.executable, "-m", "nbtools", "detect", "--torch-npu", "2.14.0"], env, work)
     assert r.returncode != 0 and "--torch-npu describe the simulated NPU: add --simulate-npu" in r.stdout, r.stdout
+
+
+def simnpu_build():
+    """simnpu's _build module, imported here (torch first: its autoload never sees the stand-in in this process)."""
+    import torch  # noqa: F401
+
+    sys.path.insert(0, os.path.join(SIMNPU, "site"))
+    try:
+        from _simnpu import _build
+    finally:
+        sys.path.remove(os.path.join(SIMNPU, "site"))
+    return _build
+
+
+def test_the_c_abi_is_declared_once_in_the_header():
+    """The ctypes signatures are read from simnpu.h's extern "C" block (the C++ compiler holds the .cpp definitions to
+    it); each definition, read the same way, has the header's restype and argtypes, and every function is declared."""
+    build = simnpu_build()
+    declared, defined = build.abi(), {}
+    for name in sorted(os.listdir(build.CSRC)):
+        if name.endswith(".cpp"):
+            with open(os.path.join(build.CSRC, name)) as f:
+                defined.update(build.abi(f.read(), "{"))
+    assert len(declared) >= 20, sorted(declared)
+    wrong = [f"{name}: header {declared.get(name)}, definition {sig}" for name, sig in defined.items() if declared.get(name) != sig]
+    assert not wrong and declared.keys() == defined.keys(), "\n".join(wrong) or sorted(declared.keys() ^ defined.keys())
+
+
+def test_a_torch_newer_than_tested_is_refused_by_name_and_import_torch_still_works(work):
+    """A torch newer than _build.SUPPORTED's last (faked with SIMNPU_TORCH_VERSION, for tests): `import torch` works
+    with the stand-in off and warns the sentence; `import torch_npu` raises it. The real torch is not refused."""
+    build = simnpu_build()
+    hi = build.SUPPORTED[1]
+    newer = f"{hi[0]}.{hi[1] + 1}.0"
+    said = build.refusal(newer)
+    assert f"torch {newer} is not supported" in said and f"pip install 'torch<{hi[0]}.{hi[1] + 1}'" in said, said
+    assert build.refusal("2.8.0").endswith("pip install 'torch>=2.9'") and build.refusal(f"{hi[0]}.{hi[1]}.1") == ""
+    env = sim_env(work, SIMNPU_TORCH_VERSION=newer, PYTHONWARNINGS="default")
+    off = py("import torch; print('OFF', hasattr(torch, 'npu'), torch.ones(1).sum().item())\n"
+             "try:\n    import torch_npu\nexcept ImportError as exc:\n    print('REFUSED', exc)", env, work)
+    assert off.returncode == 0 and "OFF False 1.0" in off.stdout, off.stdout
+    assert off.stdout.count(said) == 2, off.stdout  # the autoload's warning, then `import torch_npu`'s ImportError
+    real = py("import torch; from _simnpu import _build; print('ON', _build.refusal() == '', torch.npu.device_count())",
+              sim_env(work), work)
+    assert "ON True 2" in real.stdout, real.stdout

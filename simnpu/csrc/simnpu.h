@@ -40,3 +40,29 @@ at::Generator new_generator(c10::DeviceIndex i);
 void resize_bytes(c10::StorageImpl* storage, size_t n);
 
 }  // namespace simnpu
+
+// The C ABI that _simnpu/_build.py loads with ctypes: declared here once (the argtypes are read from this block;
+// the definitions in the .cpp files must agree, or the build fails).
+extern "C" {
+int simnpu_status();
+int simnpu_device_count();
+int simnpu_physical_id(int i);
+int simnpu_current_device();
+int simnpu_initialized();
+int simnpu_in_bad_fork();
+int simnpu_touch(int i, char* err, int n);
+int simnpu_set_device(int i, char* err, int n);
+void simnpu_configure(const char* soc_name, long long hbm, int bf16, int alloc_conf_2_14);
+void simnpu_memory(int dev, long long* out);
+void simnpu_reset_peak(int dev);
+void simnpu_reset_accumulated(int dev);
+void simnpu_empty_cache(int dev);
+int simnpu_segments(int dev, long long* out, int cap, int* is_expandable, int* small);
+void simnpu_set_fraction(int dev, double fraction);
+double simnpu_get_fraction(int dev);
+void simnpu_manual_seed(int dev, unsigned long long seed);
+unsigned long long simnpu_seed(int dev);
+unsigned long long simnpu_initial_seed(int dev);
+long long simnpu_get_rng_state(int dev, unsigned char* buf, long long cap);
+int simnpu_set_rng_state(int dev, const unsigned char* buf, long long n);
+}

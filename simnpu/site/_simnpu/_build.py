@@ -9,6 +9,7 @@ import ctypes
 import fcntl
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -61,26 +62,38 @@ def library_path():
     return os.path.join(cache_root(), cache_key(), LIBNAME)
 
 
-def _older_than(version, floor):
-    """'2.8.0+cpu' < (2, 9): the release's first two numbers."""
-    parts = version.split("+")[0].split(".")[:2]
+# The torch releases the C++ part (built against torch's internal c10 headers) is built and tested for: 2.9 (the
+# quick-start's torch_npu 2.9.0.post2 pairs with torch 2.9.0) to 2.14, the newest tested. SIMNPU_TORCH_VERSION (for
+# tests) is read instead of torch.__version__.
+SUPPORTED = ((2, 9), (2, 14))
+
+
+def refusal(version=None):
+    """The sentence refusing this torch (older or newer than SUPPORTED), or "" where the C++ part builds for it."""
+    version = version or os.environ.get("SIMNPU_TORCH_VERSION") or torch.__version__
     try:
-        return tuple(int(p) for p in parts) < floor
+        release = tuple(int(p) for p in version.split("+")[0].split(".")[:2])
     except ValueError:
-        return False
+        return ""
+    (lo, hi) = SUPPORTED
+    said = f"simulated NPU: torch {version} is not supported; the stand-in supports torch {lo[0]}.{lo[1]} to {hi[0]}.{hi[1]} ("
+    if release < lo:
+        return said + "the quick-start's torch_npu 2.9.0.post2 pairs with torch 2.9.0): pip install 'torch>=2.9'"
+    if release > hi:
+        return said + (f"torch {hi[0]}.{hi[1]} is the newest it was tested with): pip install 'torch<{hi[0]}.{hi[1] + 1}', "
+                       "or run without --simulate-npu")
+    return ""
 
 
 def build(verbose=False):
     """Return the path of the built library, building it first if needed (safe across processes)."""
+    if refused := refusal():
+        raise SimNpuBuildError(refused)
     path = library_path()
     if os.path.exists(path):
         return path
     folder = os.path.dirname(path)
     os.makedirs(folder, exist_ok=True)
-    if _older_than(torch.__version__, (2, 9)):
-        raise SimNpuBuildError(
-            f"simulated NPU: torch {torch.__version__} is older than 2.9, the oldest torch it is built for (the "
-            "quick-start's torch_npu 2.9.0.post2 pairs with torch 2.9.0): pip install 'torch>=2.9'")
     with open(os.path.join(folder, ".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -122,6 +135,26 @@ def build(verbose=False):
     return path
 
 
+C = ctypes
+# The C types the ABI's declarations use, as ctypes names them (a pointer to bytes is passed as an address).
+CTYPES = {"void": None, "int": C.c_int, "double": C.c_double, "long long": C.c_longlong,
+          "unsigned long long": C.c_ulonglong, "char*": C.c_char_p, "unsigned char*": C.c_void_p,
+          "int*": C.POINTER(C.c_int), "long long*": C.POINTER(C.c_longlong)}
+
+
+def abi(text=None, end=";"):
+    """{function: (restype, argtypes)} of simnpu.h's ``extern "C"`` block, the C ABI's one declaration (``text`` and
+    ``end`` "{": a .cpp file's definitions, read the same way to compare)."""
+    if text is None:
+        with open(os.path.join(CSRC, "simnpu.h")) as f:
+            text = f.read()
+    out = {}
+    for res, name, args in re.findall(rf"^([a-z][\w ]*?)\s+(simnpu_\w+)\(([^)]*)\)\s*{end}", text, re.M):
+        types = [re.sub(r"\bconst\b|\w+$", "", a).replace(" *", "*").strip() for a in args.split(",") if a.strip()]
+        out[name] = (CTYPES[res], [CTYPES[t] for t in types])
+    return out
+
+
 _LIB = None
 
 
@@ -131,25 +164,7 @@ def load():
     global _LIB
     if _LIB is None:
         lib = ctypes.CDLL(build(), mode=ctypes.RTLD_GLOBAL)
-        C = ctypes
-        for name, res, args in [
-            ("simnpu_status", C.c_int, []), ("simnpu_device_count", C.c_int, []),
-            ("simnpu_physical_id", C.c_int, [C.c_int]), ("simnpu_current_device", C.c_int, []),
-            ("simnpu_initialized", C.c_int, []), ("simnpu_in_bad_fork", C.c_int, []),
-            ("simnpu_touch", C.c_int, [C.c_int, C.c_char_p, C.c_int]),
-            ("simnpu_set_device", C.c_int, [C.c_int, C.c_char_p, C.c_int]),
-            ("simnpu_configure", None, [C.c_char_p, C.c_longlong, C.c_int, C.c_int]),
-            ("simnpu_segments", C.c_int, [C.c_int, C.POINTER(C.c_longlong), C.c_int, C.POINTER(C.c_int),
-                                          C.POINTER(C.c_int)]),
-            ("simnpu_memory", None, [C.c_int, C.POINTER(C.c_longlong)]),
-            ("simnpu_reset_peak", None, [C.c_int]), ("simnpu_reset_accumulated", None, [C.c_int]),
-            ("simnpu_empty_cache", None, [C.c_int]), ("simnpu_set_fraction", None, [C.c_int, C.c_double]),
-            ("simnpu_get_fraction", C.c_double, [C.c_int]),
-            ("simnpu_manual_seed", None, [C.c_int, C.c_ulonglong]), ("simnpu_seed", C.c_ulonglong, [C.c_int]),
-            ("simnpu_initial_seed", C.c_ulonglong, [C.c_int]),
-            ("simnpu_get_rng_state", C.c_longlong, [C.c_int, C.c_void_p, C.c_longlong]),
-            ("simnpu_set_rng_state", C.c_int, [C.c_int, C.c_void_p, C.c_longlong]),
-        ]:
+        for name, (res, args) in abi().items():
             getattr(lib, name).restype = res
             getattr(lib, name).argtypes = args
         _LIB = lib

@@ -12,6 +12,8 @@ import sys
 # As the real torch_npu: torch's backend autoload is off while `import torch` runs here, so `import torch_npu` before
 # torch does not import torch_npu again from torch's entry point (a circular import); _autoload restores it.
 ORG_AUTOLOAD = os.getenv("TORCH_DEVICE_BACKEND_AUTOLOAD", "1")
+# torch is autoloading this package: `import torch` is under way (importlib marks a module being run `_initializing`)
+AUTOLOADING = getattr(getattr(sys.modules.get("torch"), "__spec__", None), "_initializing", False)
 os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
 
 import torch  # noqa: E402
@@ -24,42 +26,52 @@ if torch._C._get_accelerator().type not in ("cpu", "privateuseone", "npu"):
         f"npu device, or use the {torch._C._get_accelerator().type} device with "
         "'export TORCH_DEVICE_BACKEND_AUTOLOAD=0'.")
 
-__import__("_simnpu._boot")          # build/load the C++ part, register device, hccl, ...
+# A torch the C++ part is not built and tested for is refused by name (_simnpu/_build.py's SUPPORTED): `import torch_npu`
+# raises the sentence; torch's autoload warns it and leaves the stand-in off, so `import torch` still works.
+if REFUSED := __import__("_simnpu._build").__dict__["_build"].refusal():
+    if not AUTOLOADING:
+        raise ImportError(REFUSED)
+    __import__("warnings").warn(REFUSED, stacklevel=2)
 
-_C = sys.modules["torch_npu._C"] = sys.modules["_simnpu._ops"].c_extension()
+    def _autoload():
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+        del sys.modules[__name__]  # a later `import torch_npu` raises the sentence
+else:
+    __import__("_simnpu._boot")          # build/load the C++ part, register device, hccl, ...
 
-import torch_npu.distributed  # noqa: E402,F401
-import torch_npu.npu  # noqa: E402,F401  (binds torch_npu.npu)
-import torch_npu.utils  # noqa: E402,F401
-from torch_npu.version import __version__ as __version__  # noqa: E402
+    _C = sys.modules["torch_npu._C"] = sys.modules["_simnpu._ops"].c_extension()
 
-
-# torch.ops.npu operators, bound here as the real torch_npu binds every one of them (_simnpu/_ops.py)
-get_npu_format = torch.ops.npu.get_npu_format
-npu_format_cast = torch.ops.npu.npu_format_cast
-npu_format_cast_ = torch.ops.npu.npu_format_cast_
-empty_with_format = torch.ops.npu.empty_with_format
-npu_prompt_flash_attention = torch.ops.npu.npu_prompt_flash_attention
-
-
-def erase_stream(tensor, stream):
-    """Undo ``tensor.record_stream(stream)``: streams order nothing here (kernels run on the host), so nothing."""
-
-
-def npu_fusion_attention(*args, **kwargs):
-    raise NotImplementedError(
-        "npu_fusion_attention (Ascend's fused attention kernel) is not available on the simulated NPU")
+    import torch_npu.distributed  # noqa: E402,F401
+    import torch_npu.npu  # noqa: E402,F401  (binds torch_npu.npu)
+    import torch_npu.utils  # noqa: E402,F401
+    from torch_npu.version import __version__ as __version__  # noqa: E402
 
 
-sys.modules["_simnpu._boot"].finish(sys.modules[__name__])
+    # torch.ops.npu operators, bound here as the real torch_npu binds every one of them (_simnpu/_ops.py)
+    get_npu_format = torch.ops.npu.get_npu_format
+    npu_format_cast = torch.ops.npu.npu_format_cast
+    npu_format_cast_ = torch.ops.npu.npu_format_cast_
+    empty_with_format = torch.ops.npu.empty_with_format
+    npu_prompt_flash_attention = torch.ops.npu.npu_prompt_flash_attention
 
 
-# Entry point torch calls on 'import torch' (torch.backends entry point), as in the real wheel.
-def _autoload():
-    # the real one's words: "We should restore this switch as sub processes need to inherit its value"
-    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+    def erase_stream(tensor, stream):
+        """Undo ``tensor.record_stream(stream)``: streams order nothing here (kernels run on the host), so nothing."""
 
 
-if sys.modules["_simnpu"].NEW:   # 2.14.0 restores the switch when `import torch_npu` came first, too
-    _autoload()
-    del sys   # and binds no `sys`
+    def npu_fusion_attention(*args, **kwargs):
+        raise NotImplementedError(
+            "npu_fusion_attention (Ascend's fused attention kernel) is not available on the simulated NPU")
+
+
+    sys.modules["_simnpu._boot"].finish(sys.modules[__name__])
+
+    # Entry point torch calls on 'import torch' (torch.backends entry point), as in the real wheel.
+    def _autoload():
+        # the real one's words: "We should restore this switch as sub processes need to inherit its value"
+        os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+
+    if sys.modules["_simnpu"].NEW:   # 2.14.0 restores the switch when `import torch_npu` came first, too
+        _autoload()
+        del sys   # and binds no `sys`
+del AUTOLOADING, REFUSED  # names the real torch_npu does not bind
