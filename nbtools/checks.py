@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 
+from .device import cpu_stands_in, precisions_on
 from .errors import ParameterError
 
 
@@ -127,15 +128,15 @@ class Here:
     def meets(self, need: str) -> bool:
         name, _, arg = need.partition("=")
         if name == "cards" and arg.isdigit():
-            return self.kind == "cpu" or self.count >= int(arg)  # a plain CPU host: the CPU route is the honest one
+            return not cpu_stands_in(self.kind, self.count, int(arg))  # a plain CPU host: the CPU route is the honest one
         if name == "param" and arg:
             return arg in self.params_set
         if name == "processes" and arg.isdigit():
             return self.processes >= int(arg)
         rules = {"npu": self.kind == "npu", "real-npu": self.kind == "npu" and not self.simulated,
                  "accelerator": self.kind != "cpu", "network": self.network, "deepspeed": self.deepspeed,
-                 "cpu": self.kind == "cpu" or self.count < self.processes,  # the launches take the CPU route here
-                 "bf16": self.kind == "cpu" or self.bf16}
+                 "cpu": self.kind == "cpu" or cpu_stands_in(self.kind, self.count, self.processes),  # the CPU route here
+                 "bf16": "bf16" in precisions_on(self.kind, self.bf16)}
         if need not in rules:
             raise ParameterError(f"unknown tag needs:{need}; known: {', '.join(NEEDS)}")
         return rules[need]

@@ -26,14 +26,13 @@ from pathlib import Path
 
 from . import floors
 from .errors import DeviceError, ParameterError
-from .plan import LaunchPlan, cpu_route, hide_cards
+from .plan import VISIBLE_VARS, LaunchPlan, cache_root, cpu_route, cpu_stands_in, hide_cards
 from .versions import installed
 
 KINDS = ("npu", "cuda", "cpu")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")  # the one list: the CLI's choices, the normaliser, each kind's share
 DEFAULT_PROCESSES = 2  # the one process-count default: setup, a launch that names none, the CLI, the plan
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
-VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}
 DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
 # CANN's environment script. CANN 8.5 and later (the quick-start's 9.1.0 among them) install to
 # /usr/local/Ascend/cann/, older releases to /usr/local/Ascend/ascend-toolkit/ (kept as a compatibility path);
@@ -135,6 +134,14 @@ def listed_ids(value: str | None) -> list[str]:
     return [x.strip() for x in (value or "").split(",") if x.strip()]
 
 
+def precisions_on(kind: str, bf16: bool) -> tuple[str, ...]:
+    """The one rule for the --mixed_precision values a launch on ``kind`` takes (DeviceInfo, a check's needs:bf16): the
+    CPU's autocast has bf16 and no fp16; a card has fp16, and bf16 where it says so (``bf16``; not a 310P)."""
+    if kind == "cpu":
+        return tuple(p for p in MIXED_PRECISIONS if p != "fp16")  # a CPU's autocast has no fp16
+    return MIXED_PRECISIONS if bf16 else tuple(p for p in MIXED_PRECISIONS if p != "bf16")
+
+
 @dataclass
 class DeviceInfo:
     kind: str  # npu / cuda / cpu: the best accelerator usable here
@@ -158,18 +165,11 @@ class DeviceInfo:
 
     @property
     def mixed_precisions(self) -> tuple[str, ...]:
-        return self.mixed_precisions_on(self.kind)
-
-    def mixed_precisions_on(self, kind: str) -> tuple[str, ...]:
-        """The one rule for the --mixed_precision values a launch on ``kind`` takes here: the CPU's autocast has
-        bf16 and no fp16; a card has fp16, and bf16 where it says so (not a 310P)."""
-        if kind == "cpu":
-            return tuple(p for p in MIXED_PRECISIONS if p != "fp16")  # a CPU's autocast has no fp16
-        return MIXED_PRECISIONS if self.bf16 else tuple(p for p in MIXED_PRECISIONS if p != "bf16")
+        return precisions_on(self.kind, self.bf16)
 
     def check_precision(self, precision: str, kind: str) -> str:
         """The one precision rule (params.validate, the normaliser): known, and taken by a launch on ``kind`` here."""
-        ok = self.mixed_precisions_on(kind)
+        ok = precisions_on(kind, self.bf16)
         if precision not in ok:
             raise ParameterError(f"parameter mixed_precision={precision!r} is " + (
                 f"not supported on {kind} ({', '.join(self.names[:1]) or kind}); accepted here: {', '.join(ok)}"
@@ -194,12 +194,12 @@ class DeviceInfo:
         num_processes = DEFAULT_PROCESSES if num_processes is None else num_processes
         whole_numbers(1, num_processes=num_processes)
         kind, n, note, why, said = self.resolve(device), num_processes, "", [], ""
-        if fit and kind != "cpu" and self.count < n:
+        if fit and cpu_stands_in(kind, self.count, n):
             n = self.count
             why.append(f"学员自己的任务：要 {num_processes} 个进程，只看得见 {n} 张 {kind.upper()}：用 {n} 个进程，"
                        f"在 {', '.join(f'{kind}:{i}' for i in range(n))} 上")
         flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
-        fallback = kind != "cpu" and self.count < n
+        fallback = cpu_stands_in(kind, self.count, n)
         if fallback:
             note = (f"CPU（gloo）代跑：要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}"
                     f"（{self.visible_var}={self.visible_devices or '未设置'}）；这次运行没有用到 hccl/nccl 集合通信")
@@ -333,21 +333,18 @@ def from_probe(probe: dict, environ: dict | None = None) -> DeviceInfo:
             problems.append(Problem(err, "run `python -m nbtools doctor` for details"))
     if short := floors.shortfall(versions):  # below the series' floors: every setup cell stops with what to use instead
         problems.append(Problem(f"too old for the series: {short}", floors.USE_INSTEAD))
-    kind, count, names, bf16, simulated = "cpu", 0, [], True, False
+    kind, count, names, simulated = "cpu", 0, [], False
     if probe.get("npu_available") and probe.get("npu_count", 0) > 0:
         kind, count, names = "npu", probe["npu_count"], list(probe.get("npu_names") or [])
         simulated = bool(probe.get("npu_simulated"))
-        # torch_npu's own answer; by name where a probe predates it (310P has no bf16 and fails at run time)
-        bf16 = bool(probe.get("npu_bf16", not any("310P" in n for n in names)))
     elif probe.get("cuda_available") and probe.get("cuda_count", 0) > 0:
         kind, count, names = "cuda", probe["cuda_count"], list(probe.get("cuda_names") or [])
-        bf16 = bool(probe.get("cuda_bf16", True))
     elif versions["torch_npu"] and not err and probe.get("torch_npu"):
         problems.append(Problem("torch_npu imports but sees no NPU (torch.npu.is_available() is False)",
                                 "check `npu-smi info`, the device mounts of your container (/dev/davinci*), "
                                 "and ASCEND_RT_VISIBLE_DEVICES; the series falls back to the CPU meanwhile",
                                 blocking=False))
-    var = VISIBLE_VARS.get(kind)
+    var, bf16 = VISIBLE_VARS.get(kind), bool(probe.get(f"{kind}_bf16", True))  # the device's own answer (no 310P has)
     return DeviceInfo(kind=kind, count=count, names=names, versions=versions, visible_var=var,
                       visible_devices=environ.get(var) if var else None, problems=problems, bf16=bf16,
                       simulated=simulated, raw=dict(probe))
@@ -357,7 +354,7 @@ _CACHE: dict[tuple, DeviceInfo] = {}
 CACHE_ENV = "NBTOOLS_DEVICE_PROBE"  # JSON probe answers handed down by the runner
 # What the probe's answers depend on: the interpreter, what is installed, and the variables
 # that decide which devices and which CANN libraries a process sees.
-_PROBE_KEY_VARS = ("ASCEND_RT_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES", "LD_LIBRARY_PATH", "ASCEND_TOOLKIT_HOME",
+_PROBE_KEY_VARS = ("LD_LIBRARY_PATH", "ASCEND_TOOLKIT_HOME",
                    "ASCEND_HOME_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH",
                    # the simulated NPU's host (simnpu/): another card or count is another answer
                    "SIMNPU_CARDS", "SIMNPU_SOC", "SIMNPU_FAULT")
@@ -374,9 +371,8 @@ def cached_probe(python: str | None = None, refresh: bool = False) -> dict:
     python = python or sys.executable
     key = json.dumps([os.path.realpath(python),  # what the answers depend on
                       [installed(n) for n in ("torch", "torch-npu", "torch_npu")] if python == sys.executable else [],
-                      [os.environ.get(v) for v in _PROBE_KEY_VARS]])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
-    path = base / f"probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+                      [os.environ.get(v) for v in (*VISIBLE_VARS.values(), *_PROBE_KEY_VARS)]])
+    path = cache_root() / f"probe-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
     if not refresh:
         with contextlib.suppress(OSError, ValueError):
             if time.time() - path.stat().st_mtime < PROBE_CACHE_TTL_S:
@@ -395,7 +391,7 @@ def detect(probe: dict | None = None, refresh: bool = False) -> DeviceInfo:
     """Tell what this machine is. Never raises: problems are listed in ``.problems``."""
     if probe is not None:
         return from_probe(probe)
-    key = (sys.executable, *(os.environ.get(v) for v in _PROBE_KEY_VARS))
+    key = (sys.executable, *(os.environ.get(v) for v in (*VISIBLE_VARS.values(), *_PROBE_KEY_VARS)))
     if refresh or key not in _CACHE:
         try:  # the runner's answers, handed down
             answers = None if refresh else json.loads(os.environ.get(CACHE_ENV) or "null")

@@ -164,12 +164,11 @@ def cards_seen(kind: str, environ=None, dev: str = "/dev") -> int:
     """How many ``kind`` cards (npu / cuda) a process here is given, told without torch: the visibility variable
     where it is set, else the driver's device files (``/dev/davinciN``, ``/dev/nvidiaN``), else the vendor's table
     (``npu-smi info``, ``nvidia-smi -L``); 0 where there is none of them."""
-    environ = os.environ if environ is None else environ
-    var, stem, tool = {"npu": ("ASCEND_RT_VISIBLE_DEVICES", "davinci", ["npu-smi", "info"]),
-                       "cuda": ("CUDA_VISIBLE_DEVICES", "nvidia", ["nvidia-smi", "-L"])}[kind]
-    if environ.get(var) is not None:
-        from .device import listed_ids  # the one reading of a visibility variable
+    from .device import VISIBLE_VARS, listed_ids  # the visibility variables and their one reading
 
+    environ, var = os.environ if environ is None else environ, VISIBLE_VARS[kind]
+    stem, tool = {"npu": ("davinci", ["npu-smi", "info"]), "cuda": ("nvidia", ["nvidia-smi", "-L"])}[kind]
+    if environ.get(var) is not None:
         return len(listed_ids(environ[var]))
     if files := [p for p in Path(dev).glob(stem + "*") if p.name[len(stem):].isdigit()]:
         return len(files)

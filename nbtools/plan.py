@@ -9,6 +9,19 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}  # the cards a process may use
+
+
+def cache_root() -> Path:
+    """nbtools' cache folder, the one (the probe's answers, hide_cards' files): $XDG_CACHE_HOME/nbtools, else ~/.cache."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
+
+
+def cpu_stands_in(kind: str, cards: int, ranks: int) -> bool:
+    """The one rule for fewer cards than ranks (DeviceInfo.plan, Session.expect, a check's needs): ``ranks`` asked on
+    ``kind`` with fewer ``cards`` visible run on the CPU (gloo), labelled as its stand-in."""
+    return kind != "cpu" and cards < ranks
+
 
 @dataclass
 class LaunchPlan:
@@ -86,11 +99,10 @@ def hide_cards(host: str) -> tuple[dict[str, str], str]:
     1.15's ``wait_for_everyone`` passes ``device_ids`` on MULTI_CPU too, and torch then builds that barrier on the
     host's accelerator ("No backend type associated with device type npu"; on CUDA "invalid device ordinal")."""
     if host == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES= 让这些 rank 看不见 GPU"
+        return {VISIBLE_VARS["cuda"]: ""}, "CUDA_VISIBLE_DEVICES= 让这些 rank 看不见 GPU"
     if host != "npu":
         return {}, ""
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
-    folder = write_files(cache, HIDDEN, "nbtools-hide-npu-")
+    folder = write_files(cache_root() / "hide-npu", HIDDEN, "nbtools-hide-npu-")
     return ({"PYTHONPATH": in_front(folder, os.environ.get("PYTHONPATH")), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
             "PYTHONPATH 前面放一个让 torch_npu 显得没有安装、导入即失败的 sitecustomize（torch 不再自动加载它），让这些 rank 看不见 NPU")
 

@@ -19,7 +19,7 @@ from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo
 from .expected import parse_kv
 from .guarded import MARKER_ENV, stop_background
 from .params import DEFAULT_TIMEOUT_S, validate
-from .plan import LaunchPlan
+from .plan import LaunchPlan, cpu_stands_in
 from .workdir import cleanup, unattended
 
 NEEDS_REAL_NPU = "需要真实的 NPU"
@@ -95,7 +95,7 @@ class Session:
         ``skip`` says why a check that needs the cards is skipped there."""
         n = self.num_processes if n is None else n
         kind, count, name = self.device, self.info.count, self.device.upper()
-        skip, ran = "", "cpu" if kind != "cpu" and count < n else kind
+        skip, ran = "", "cpu" if cpu_stands_in(kind, count, n) else kind
         if ran != kind:
             where = f"这台机器只看得见 {count} 张 {name}，要 {n} 个进程：按规则由 CPU 代跑（gloo）"
             skip = (f"需要 {n} 张 {name}，这台只看得见 {count} 张：{n} 个进程的启动由 CPU 代跑，"

@@ -34,8 +34,9 @@ def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Map
     """The variables to set (on top of ``environ``, default os.environ) so that every process started
     from here sees ``cards`` simulated NPUs of type ``soc``, with torch_npu ``torch_npu``'s names."""
     environ = os.environ if environ is None else environ
-    if not isinstance(cards, int) or isinstance(cards, bool) or not 1 <= cards <= 16:
-        raise ParameterError(f"--npu-cards {cards!r}: expected a number of cards from 1 to 16")
+    most = int((SIMNPU_ROOT / "csrc" / "simnpu.h").read_text().split("kMaxCards = ", 1)[1].split(";")[0])  # simnpu.h's
+    if not isinstance(cards, int) or isinstance(cards, bool) or not 1 <= cards <= most:
+        raise ParameterError(f"--npu-cards {cards!r}: expected a number of cards from 1 to {most}")
     if soc not in SOCS:
         raise ParameterError(f"--npu-soc {soc!r}: the simulation knows {', '.join(SOCS)}")
     if not (SIMNPU_ROOT / "site" / "torch_npu").is_dir():
