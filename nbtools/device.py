@@ -354,8 +354,7 @@ _CACHE: dict[tuple, DeviceInfo] = {}
 CACHE_ENV = "NBTOOLS_DEVICE_PROBE"  # JSON probe answers handed down by the runner
 # What the probe's answers depend on: the interpreter, what is installed, and the variables
 # that decide which devices and which CANN libraries a process sees.
-_PROBE_KEY_VARS = ("LD_LIBRARY_PATH", "ASCEND_TOOLKIT_HOME",
-                   "ASCEND_HOME_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH",
+_PROBE_KEY_VARS = ("LD_LIBRARY_PATH", "ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH", "TORCH_DEVICE_BACKEND_AUTOLOAD", "PYTHONPATH",
                    # the simulated NPU's host (simnpu/): another card or count is another answer
                    "SIMNPU_CARDS", "SIMNPU_SOC", "SIMNPU_FAULT")
 PROBE_CACHE_TTL_S = 600.0
