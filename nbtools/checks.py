@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .errors import ParameterError
+from .lang import msg
 
 
 class Status(str, Enum):
@@ -140,11 +141,22 @@ class Here:
             raise ParameterError(f"unknown tag needs:{need}; known: {', '.join(NEEDS)}")
         return rules[need]
 
-    def pinned(self, tags, status: Status, reason: str) -> tuple[Status, str]:
+    def pinned(self, tags, status: Status, reason: str, lang: str | None = None) -> tuple[Status, str]:
         """(status, reason) of a verdict held to what the cell's needs expect here: a pass or a skip that
-        differs from it fails, saying why."""
+        differs from it fails, saying why (in ``lang``, the notebook's)."""
         if status not in (Status.PASSED, Status.SKIPPED):
             return status, reason
+        needs = needs_of(tags)
+        try:
+            unmet = [n for n in needs if not self.meets(n)]
+        except ParameterError as exc:
+            return Status.FAILED, msg("checks.bad_needs", lang, error=exc)
+        if status is Status.SKIPPED and not unmet:
+            met = msg("list_sep", lang).join(needs) or msg("checks.no_needs", lang)
+            return Status.FAILED, msg("checks.skipped_but_met", lang, met=met, reason=reason)
+        if status is Status.PASSED and unmet:
+            return Status.FAILED, msg("checks.passed_but_unmet", lang, unmet=msg("list_sep", lang).join(unmet))
+        return status, reason
         needs = needs_of(tags)
         try:
             unmet = [n for n in needs if not self.meets(n)]

@@ -44,7 +44,7 @@ MAX_CODE_LINES = 4600
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
     "core": (0, {"device", "plan", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
-              "npusmi", "floors"}),
+              "npusmi", "floors", "lang"}),
     "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guardian", "ps", "machines", "session", "magics"}),
     "run": (2, {"runner", "kernels", "run_results", "report", "teacher", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),
