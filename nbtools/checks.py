@@ -157,14 +157,3 @@ class Here:
         if status is Status.PASSED and unmet:
             return Status.FAILED, msg("checks.passed_but_unmet", lang, unmet=msg("list_sep", lang).join(unmet))
         return status, reason
-        needs = needs_of(tags)
-        try:
-            unmet = [n for n in needs if not self.meets(n)]
-        except ParameterError as exc:
-            return Status.FAILED, f"needs 标签写错了：{exc}"
-        if status is Status.SKIPPED and not unmet:
-            met = "、".join(needs) or "它没有 needs 标签，应当处处通过"
-            return Status.FAILED, f"跳过了，但这台机器满足它的条件：{met}（跳过的理由：{reason}）"
-        if status is Status.PASSED and unmet:
-            return Status.FAILED, f"通过了，但它需要 {'、'.join(unmet)}，这里没有：needs 标签与检查不一致"
-        return status, reason
