@@ -50,11 +50,11 @@ def repo(tmp_path):
     zp, ep = ed._paths(NAME, tmp_path)
     en = ed.load(ep)
     check = _cell(en, "nb02-10")
-    check["source"] = re.sub(r'f"world=\{world\}，在 ', 'f"world={world}, on ', ed._src(check))
+    check["source"] = ed._src(check).replace("，在 {E.on} 上收集到 {num_processes} x [1, 2, 3]", ", gathered {num_processes} x [1, 2, 3] on {E.on}")
     check["source"] = check["source"].replace("# The quick-start's expected block", "# The expected block, translated")
     _cell(en, "nb02-05")["source"] = "## Writing the cross-card test script `gather_npu.py`\n"
     ed.save(ep, en)
-    assert "on " in ed._src(_cell(ed.load(ep), "nb02-10")) and not ed.check(NAME, tmp_path)
+    assert "x [1, 2, 3] on {E.on}" in ed._src(_cell(ed.load(ep), "nb02-10")) and not ed.check(NAME, tmp_path)
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(tmp_path)]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "-A"], check=True)
@@ -81,7 +81,7 @@ def test_a_chinese_edit_fails_exactly_its_twins_and_sync_fixes_the_code(repo):
     resynced, todo = ed.sync(NAME, repo)
     assert [r.split(" cell ")[1] for r in resynced] == ["nb02-10"] and len(todo) == 1 and "nb02-05" in todo[0], (resynced, todo)
     code = ed._src(_cell(ed.load(ed._paths(NAME, repo)[1]), "nb02-10"))
-    assert "limit = 3" in code and "world={world}, on " in code and "translated" in code, code
+    assert "limit = 3" in code and "x [1, 2, 3] on {E.on}" in code and "translated" in code, code
     assert [p.split(" cell ")[1].split(":")[0] for p in ed.check(NAME, repo)] == ["nb02-05"]
     assert ed.sync(NAME, repo) == ([], todo)  # idempotent
     _, ep = ed._paths(NAME, repo)
@@ -129,6 +129,7 @@ def test_cells_added_removed_and_code_that_differs(repo):
     ('print("你好")  # 注释', 'print("hello")  # comment', True),
     ('x = f"{n} 个进程"', 'x = f"{n} processes"', True),
     ('x = f"{n} 个进程"', 'x = f"{m} processes"', False),
+    ('x = f"{n} 个进程在 {d} 上"', 'x = f"on {d}: {n} processes"', True),
     ("x = 1", "x = 2", False),
     ("%cmd python -c 'print(1)'", "%cmd python -c 'print(2)'", False),
     ('%%writefile a.py\nprint("甲")  # 乙\n', '%%writefile a.py\nprint("a")  # b\n', True),

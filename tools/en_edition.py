@@ -8,7 +8,8 @@
 
 An English notebook ``notebooks/en/NAME.ipynb`` is its Chinese twin ``notebooks/NAME.ipynb`` cell for cell: the same
 cell ids, types, order and tags; its code is the Chinese code with only string constants and comments changed (the
-ASTs are compared with string constants and comments removed; magic lines and `%%writefile` bodies as code); each
+ASTs are compared with string constants and comments removed, an f-string's values in any order; magic lines and
+`%%writefile` bodies as code); each
 English cell records which version of its Chinese cell it translates in ``metadata.translation.source_sha``
 (``twin_hash``), so a Chinese cell changed later is found, naming the cell. Its notebook metadata
 ``nbtools_translation = {"lang": "en", "source": "notebooks/NAME.ipynb"}`` makes nbtools speak English to it.
@@ -88,8 +89,8 @@ def _python_shape(code: str) -> str:
         def visit_Constant(self, node):
             return ast.copy_location(ast.Constant("S"), node) if isinstance(node.value, str) else node
 
-        def visit_JoinedStr(self, node):
-            values = [self.visit(v) for v in node.values if isinstance(v, ast.FormattedValue)]
+        def visit_JoinedStr(self, node):  # its values in any order: an English sentence may name them in another
+            values = sorted((self.visit(v) for v in node.values if isinstance(v, ast.FormattedValue)), key=ast.dump)
             return ast.copy_location(ast.JoinedStr(values=values), node)
 
         def visit_Call(self, node):  # IPython's magics: the magic and its line are code, a body is by its kind
