@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT
+from conftest import NOTEBOOKS, ROOT, required_ci_output
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from nbtools import lang
@@ -35,6 +35,31 @@ def test_every_english_notebook_is_its_chinese_twin(name):
     """Same cells, ids, types, tags; source_sha of the Chinese cell's current version; code AST-equal modulo strings
     and comments (`python tools/en_edition.py check`)."""
     assert not ed.check(name), "\n".join(ed.check(name))
+
+
+def test_english_notebooks_are_committed_clean():
+    """`nbtools check`'s rules per notebook (clean, tagged, exercises as `### Exercise N` with Hint and Answer), and
+    every label or message their prose quotes is one their code or nbtools (its English catalogue too) produces."""
+    from nbtools.teacher import check_notebook, quote_problems
+
+    paths = [Path(NOTEBOOKS, "en", f"{n}.ipynb") for n in ENGLISH]
+    problems = [p for path in paths for p in check_notebook(path)[0]]
+    ids = {cid for path in paths for cid in check_notebook(path)[1]}
+    assert not problems + quote_problems(paths, ids), "\n".join(problems + quote_problems(paths, ids))
+
+
+def test_the_english_run_ends_as_the_chinese_one():
+    """ci:series-en-simulated-npu: each check of its notebooks ends as in ci:series-simulated-npu's Chinese run on the
+    same host, and its outputs and reasons hold no Chinese outside quoted program output."""
+    if not ENGLISH:
+        pytest.skip("no notebooks/en/ yet")
+    runs = [required_ci_output(name, command) for name, command in (("series-en-simulated-npu", "series-en-simulated-npu"),
+                                                                     ("simulated-npu", "series-simulated-npu"))]
+    en, zh = (json.loads((r / "report.json").read_text(encoding="utf-8")) for r in runs)
+    ran = {Path(n["path"]).name for n in en["notebooks"]}
+    statuses = [{c["id"]: c["status"] for c in report["checks"] if c["notebook"] in ran} for report in (en, zh)]
+    assert statuses[0] and statuses[0] == statuses[1]
+    assert not ed.scan(runs[0]), "\n".join(ed.scan(runs[0]))
 
 
 def _cell(nb: dict, cid: str) -> dict:
@@ -139,6 +164,15 @@ def test_cells_added_removed_and_code_that_differs(repo):
 ])
 def test_code_shape_ignores_only_strings_and_comments(zh, en, same):
     assert (ed.code_shape(zh) == ed.code_shape(en)) is same
+
+
+def test_the_readme_lists_both_editions():
+    """README's notebook table links an English twin for exactly the notebooks that have one; README.zh-CN.md points
+    to the English edition."""
+    readme = Path(ROOT, "README.md").read_text(encoding="utf-8")
+    linked = re.findall(r"^\| \[`(\w+)`\]\(notebooks/\1\.ipynb\) \(\[English\]\(notebooks/en/\1\.ipynb\)\)", readme, re.M)
+    assert sorted(linked) == ENGLISH
+    assert "notebooks/en/" in Path(ROOT, "README.zh-CN.md").read_text(encoding="utf-8")
 
 
 # --- the learner's language
