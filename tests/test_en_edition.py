@@ -46,6 +46,9 @@ def test_english_notebooks_are_committed_clean():
     problems = [p for path in paths for p in check_notebook(path)[0]]
     ids = {cid for path in paths for cid in check_notebook(path)[1]}
     assert not problems + quote_problems(paths, ids), "\n".join(problems + quote_problems(paths, ids))
+    chinese = [f"{path.name} cell {c['id']}" for path in paths for c in ed.load(path)["cells"]
+               if re.search(r"[\u4e00-\u9fff]", json.dumps(c["metadata"].get("nbtools", {}), ensure_ascii=False))]
+    assert not chinese, f"answers expecting Chinese reasons (nbtools speaks English there): {chinese}"
 
 
 def test_the_english_run_ends_as_the_chinese_one():
