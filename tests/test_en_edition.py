@@ -169,6 +169,26 @@ def test_code_shape_ignores_only_strings_and_comments(zh, en, same):
     assert (ed.code_shape(zh) == ed.code_shape(en)) is same
 
 
+def test_an_english_notebooks_unrun_seed_checks_are_not_missing(tmp_path):
+    """Running notebooks/en/02 alone: the quick-start's other checks are "not selected" (found in en/, or in the
+    Chinese twins' folder while en/ lacks them), in English; never "missing", which fails a run."""
+    from nbtools.checks import SEED_CHECKS
+    from nbtools.run_results import RunReport
+    from nbtools.runner import _add_unclaimed
+
+    for name in ("00_environment", "01_training", "02_distributed_eval", "03_big_model_inference"):
+        shutil.copy(Path(NOTEBOOKS, f"{name}.ipynb"), tmp_path)
+    (tmp_path / "en").mkdir()
+    nb = ed.load(tmp_path / "02_distributed_eval.ipynb")
+    nb["metadata"]["nbtools_translation"] = {"lang": "en"}
+    ed.save(tmp_path / "en" / "02_distributed_eval.ipynb", nb)
+    report = RunReport(device={})
+    _add_unclaimed(report, [tmp_path / "en" / "02_distributed_eval.ipynb"])
+    got = {c.id: (c.status.value, c.reason) for c in report.checks}
+    assert set(got) == set(SEED_CHECKS) and got["check-py"] == ("skipped", "not selected: 00_environment.ipynb was not "
+                                                                           "run this time"), got
+
+
 def test_the_readme_lists_both_editions():
     """README's notebook table links an English twin for exactly the notebooks that have one; README.zh-CN.md points
     to the English edition."""
