@@ -58,3 +58,8 @@ sys.modules["_simnpu._boot"].finish(sys.modules[__name__])
 def _autoload():
     # the real one's words: "We should restore this switch as sub processes need to inherit its value"
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+
+
+if sys.modules["_simnpu"].NEW:   # 2.14.0 restores the switch when `import torch_npu` came first, too
+    _autoload()
+    del sys   # and binds no `sys`
