@@ -54,6 +54,6 @@ def current() -> str:
     return of_notebook(os.environ.get("JPY_SESSION_NAME") or str(_STARTED_IN / "_"))
 
 
-def msg(key: str, lang: str | None = None, **values) -> str:
+def msg(key: str, lang: str | None = None, /, **values) -> str:
     """The catalogue's entry ``key`` in ``lang`` (default: current()), formatted with ``values``."""
     return catalogue(lang or current())[key].format(**values)

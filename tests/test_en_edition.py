@@ -314,6 +314,8 @@ def test_one_catalogue_per_language_with_the_same_messages():
     assert zh.keys() == en.keys()
     assert not [k for k in zh if _placeholders(zh[k]) != _placeholders(en[k])]
     assert not [k for k, v in en.items() if ed.CJK.search(v)], "Chinese left in the English catalogue"
+    for key, text in zh.items():  # each formats with its values, whatever they are named (msg's own are positional)
+        assert all(lang.msg(key, code, **dict.fromkeys(_placeholders(text), "V")) for code in ("zh", "en"))
 
 
 def _msg_keys() -> set[str]:
