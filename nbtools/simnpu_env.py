@@ -27,12 +27,10 @@ SIMNPU_ROOT = Path(__file__).resolve().parent.parent / "simnpu"
 SOCS = ("Ascend910B4", "Ascend310P3")
 DEFAULT_SOC = SOCS[0]
 DEFAULT_CARDS = 2
-TORCH_NPU = ("2.9.0.post2", "2.14.0")  # the real releases whose names and rules it presents (simnpu/api/)
 
 
 
-def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Mapping[str, str] | None = None,
-                torch_npu: str | None = None) -> dict[str, str]:
+def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Mapping[str, str] | None = None, torch_npu: str | None = None) -> dict[str, str]:
     """The variables to set (on top of ``environ``, default os.environ) so that every process started
     from here sees ``cards`` simulated NPUs of type ``soc``, with torch_npu ``torch_npu``'s names."""
     environ = os.environ if environ is None else environ
@@ -47,15 +45,13 @@ def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Map
         )
     if not os.access(SIMNPU_ROOT / "bin" / "npu-smi", os.X_OK):  # unpacked from a zip (python -m zipfile): no x bit
         (SIMNPU_ROOT / "bin" / "npu-smi").chmod(0o755)
-    site = in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH"))  # 2.14.0: its dist-info in front of it
-    return {
-        "PYTHONPATH": in_front(SIMNPU_ROOT / f"site-{torch_npu}", site) if torch_npu in TORCH_NPU[1:] else site,
+    return {  # torch_npu 2.14.0: simnpu/site-2.14.0 (its dist-info, which the stand-in reads its release from) in front
+        "PYTHONPATH": os.pathsep.join([*[str(SIMNPU_ROOT / f"site-{torch_npu}")] * (SIMNPU_ROOT / f"site-{torch_npu}").is_dir(), in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH"))]),
         "PATH": in_front(SIMNPU_ROOT / "bin", environ.get("PATH")),
         "SIMNPU_CARDS": str(cards),
         "SIMNPU_SOC": soc,
         # what CANN's set_env.sh exports on a real host, and libraries read (DeepSpeed's NPU op builder)
         "ASCEND_HOME_PATH": str(SIMNPU_ROOT / "cann"),
-        "SIMNPU_TORCH_NPU": torch_npu or TORCH_NPU[0],
     }
 
 

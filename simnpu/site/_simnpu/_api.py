@@ -589,7 +589,7 @@ ByteTensor = _legacy("ByteTensor", torch.uint8)
 BoolTensor = _legacy("BoolTensor", torch.bool)
 
 
-class _NpuConfig:
+class _npuConfig:  # the real class name (its AttributeError names it)
     """``torch.npu.config`` as the real ``npu_config._npuConfig()``: setting ``allow_internal_format`` is an option
     of the card's runtime (internal formats: see simnpu/README.md), so it changes nothing here; the real one ignores
     other names too, and stores nothing (reading an attribute raises AttributeError there, as here)."""
@@ -598,7 +598,7 @@ class _NpuConfig:
         pass
 
 
-config = _NpuConfig()
+config = _npuConfig()
 
 
 if NEW:   # torch_npu 2.14.0's names and parameters
