@@ -33,16 +33,22 @@ def known(lang: str | None) -> str:
     return lang if lang and (CATALOGUES / f"{lang}.json").is_file() else DEFAULT
 
 
+def _named(metadata: dict | None) -> str | None:
+    return (metadata or {}).get("nbtools_translation", {}).get("lang")
+
+
 def of_metadata(metadata: dict) -> str:
-    """The language a notebook's metadata names (``nbtools_translation.lang``), else DEFAULT."""
-    return known((metadata or {}).get("nbtools_translation", {}).get("lang"))
+    """The language a notebook's metadata names (``nbtools_translation.lang``), else this process' (a notebook made
+    by a lesson's code is judged in the lesson's language)."""
+    return known(_named(metadata)) if _named(metadata) else current()
 
 
 @lru_cache(maxsize=64)
 def of_notebook(path: str) -> str:
-    """A notebook's language: its metadata's, else its folder's name where a catalogue has it, else DEFAULT."""
+    """A notebook's language: its metadata's, else DEFAULT; its folder's name where a catalogue has it when it
+    cannot be read."""
     try:
-        return of_metadata(json.loads(Path(path).read_text(encoding="utf-8"))["metadata"])
+        return known(_named(json.loads(Path(path).read_text(encoding="utf-8"))["metadata"]))
     except (OSError, ValueError, KeyError, TypeError):
         return known(Path(path).parent.name)
 
