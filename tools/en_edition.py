@@ -218,7 +218,7 @@ def _synced_cell(name: str, z: dict, e: dict | None, root: Path) -> tuple[dict, 
         return cell, "new cell: translate it" if e is None else "the Chinese text changed: translate it again"
     old = _translated_version(name, z.get("id"), old_sha, root) if e is not None else None
     code, chinese = carry_over(_src(old), _src(z), _src(e)) if old is not None else (_src(z), ["(no earlier version)"])
-    cell["source"], cell["outputs"], cell["execution_count"] = code, [], None
+    cell["source"], cell["outputs"], cell["execution_count"] = code.splitlines(keepends=True), [], None
     if e is not None and not [line for line in chinese if CJK.search(line)]:
         cell["metadata"]["translation"]["source_sha"] = sha
         return cell, ""
