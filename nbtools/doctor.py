@@ -18,6 +18,7 @@ from packaging.utils import canonicalize_name
 
 from . import floors
 from .device import CANN_FIX, DeviceInfo, detect
+from .lang import msg
 from .versions import installed, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
@@ -208,17 +209,17 @@ def terminal_python(path: str | None = None) -> tuple[dict, str]:
     the series' Python floor and imports the torch and Accelerate this kernel has, whichever interpreter it is."""
     from .expected import parse_kv
 
-    exe, fix = shutil.which("python", path=path), f"在终端里运行 `export PATH={Path(sys.executable).parent}:$PATH`（或激活内核的环境）"
+    exe, fix = shutil.which("python", path=path), msg("doctor.fix_path", folder=Path(sys.executable).parent)
     if exe is None:
-        return {}, f"终端里没有 `python`（PATH 上找不到）：{fix}，让终端的 python 就是内核的解释器"
+        return {}, msg("doctor.no_python", fix=fix)
     proc = subprocess.run([exe, "-c", TERMINAL_PROBE], capture_output=True, text=True, timeout=300)
     kv = parse_kv(proc.stdout)
     if floors.below(kv.get("python") or "0", floors.PYTHON):
-        return kv, f"终端里的 `python`（{exe}）是 Python {kv.get('python', '?')}，低于本系列的最低版本 {floors.PYTHON}：{fix}"
+        return kv, msg("doctor.old_python", exe=exe, version=kv.get("python", "?"), floor=floors.PYTHON, fix=fix)
     want = {name: installed(name) for name in ("torch", "accelerate")}
     if wrong := [n for n, v in want.items() if not same_version(kv.get(n), v)]:
-        return kv, (f"终端里的 `python`（{exe}）导入不了内核的 " + "、".join(f"{n} {want[n]}" for n in wrong) + "（它那里："
-                    + "；".join(f"{n} {kv.get(n, '?')}" for n in wrong) + f"）：{fix}，在终端里用的就是内核的 torch 和 Accelerate")
+        return kv, msg("doctor.other_stack", exe=exe, want=msg("list_sep").join(f"{n} {want[n]}" for n in wrong),
+                       got=msg("sep").join(f"{n} {kv.get(n, '?')}" for n in wrong), fix=fix)
     return kv, ""
 
 
