@@ -80,7 +80,7 @@ if os.environ.get("BENCH_TRACE"):
 
     _handle = torch.nn.modules.module.register_module_forward_pre_hook(_first_forward)
     register_optimizer_step_post_hook(
-        lambda opt, args, kwargs: _steps.append((time.time(), _n["trained"], _n["positions"])))
+        lambda opt, args, kwargs: _steps.append((time.time(), _n["trained"], _n["positions"], time.process_time())))
 
     @atexit.register
     def _dump():
@@ -164,14 +164,18 @@ def bin_of(venv: str, name: str) -> str:
 
 
 def commands(work: Path, data: Path, yaml: Path, args) -> dict[str, list[str]]:
-    recipe = [bin_of(args.recipe_venv, "accelerate"), "launch", "--num_processes", "1",
-              "--num_cpu_threads_per_process", str(args.threads), "--mixed_precision", "no",
-              "--main_process_port", str(args.port), RECIPE, "--base", "base", "--data", str(data), "--out", "run",
-              "--epochs", str(args.epochs), "--micro_batch", str(args.micro_batch), "--max_length", str(args.max_length),
-              "--lr", str(args.lr), "--seed", str(args.seed), "--r", str(args.r), "--alpha", str(args.alpha)]
-    if args.targets:
-        recipe += ["--targets", args.targets]
-    return {"recipe": recipe, "llamafactory": [bin_of(args.lf_venv, "llamafactory-cli"), "train", str(yaml)]}
+    """Each side's command: the recipe's as the lesson's `%launch` cell prints it on this machine (07b's line with
+    one process, through the series' normaliser: bench.py's terminal_line), run in bash as a terminal runs it."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    import nbtools
+    from bench import terminal_line
+
+    written = (f"accelerate launch --num_processes 1 --num_cpu_threads_per_process {args.threads} --mixed_precision no "
+               f"{RECIPE} --base base --data {data} --out run --epochs {args.epochs} --micro_batch {args.micro_batch} "
+               f"--max_length {args.max_length} --lr {args.lr} --seed {args.seed} --r {args.r} --alpha {args.alpha}"
+               + (f" --targets {args.targets}" if args.targets else ""))
+    line = terminal_line("launch", written, nbtools.detect(), "auto", work)
+    return {"recipe": ["bash", "-c", line], "llamafactory": [bin_of(args.lf_venv, "llamafactory-cli"), "train", str(yaml)]}
 
 
 def run_once(side: str, cmd: list[str], work: Path, tag: str, args) -> dict:
@@ -180,7 +184,8 @@ def run_once(side: str, cmd: list[str], work: Path, tag: str, args) -> dict:
     env = {**os.environ, "PYTHONPATH": str(work / "tracer"), "BENCH_TRACE": str(trace),
            "OMP_NUM_THREADS": str(args.threads), "MKL_NUM_THREADS": str(args.threads),
            "HF_HOME": str(work / "hf"), "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+           "PATH": f"{Path(args.recipe_venv) / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}  # an activated venv
     env.pop("VIRTUAL_ENV", None)
     shutil.rmtree(work / "run", ignore_errors=True)
     shutil.rmtree(work / "lf" / "run", ignore_errors=True)
@@ -195,12 +200,12 @@ def run_once(side: str, cmd: list[str], work: Path, tag: str, args) -> dict:
         raise SystemExit(f"{side}: expected one process that stepped an optimizer, found {len(found)} traces")
     t = json.loads(found[0].read_text())
     steps = t["steps"]
-    (t1, n1, p1), (tn, nn, pn) = steps[WARMUP_STEPS - 1], steps[-1]
+    (t1, n1, _, c1), (tn, nn, pn, cn) = steps[WARMUP_STEPS - 1], steps[-1]
     out = {"side": side, "wall_s": wall, "steps": len(steps), "trained_tokens": nn, "positions": pn,
            "threads": t["threads"], "startup_s": t["first_forward"] - start, "loop_s": tn - t["first_forward"],
            "after_loop_s": start + wall - tn, "launcher_s": t["start"] - start, "process_startup_s": t["first_forward"] - t["start"],
            "script_tail_s": t["exit"] - tn, "exit_s": start + wall - t["exit"], "steady_s": tn - t1, "steady_trained_tokens": nn - n1,
-           "trained_tokens_per_s": (nn - n1) / (tn - t1), "step_ms": 1000 * (tn - t1) / (len(steps) - WARMUP_STEPS)}
+           "trained_tokens_per_s": (nn - n1) / (tn - t1), "trained_tokens_per_cpu_s": (nn - n1) / (cn - c1), "step_ms": 1000 * (tn - t1) / (len(steps) - WARMUP_STEPS)}
     kv = dict(w.split("=", 1) for line in proc.stdout.splitlines() for w in line.split() if "=" in w)
     if side == "recipe":  # the recipe's own report: examples cut at max_length, its tokens/s (attention-mask tokens)
         out.update(truncated=kv.get("truncated"), own_tokens_per_s=kv.get("tokens_per_s"))
@@ -242,7 +247,6 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads of each side (OMP_NUM_THREADS)")
     p.add_argument("--hidden", type=int, default=0, help="the tiny Qwen2's hidden size (0: save_base's default)")
     p.add_argument("--layers", type=int, default=0, help="its layers (0: save_base's default)")
-    p.add_argument("--port", type=int, default=29651, help="--main_process_port of the recipe's launch")
     p.add_argument("--timeout", type=int, default=900, help="seconds per run")
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each side")
     p.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
@@ -286,7 +290,7 @@ def main(argv=None) -> int:
                 r = run_once(side, cmds[side], work, f"pair{i}-{side}", args)
                 rounds.append({"pair": i, **r})
                 print(f"pair {i} {side:12s} wall {r['wall_s']:6.1f} s  steps {r['steps']}  trained tokens "
-                      f"{r['trained_tokens']}  positions {r['positions']}  {r['trained_tokens_per_s']:7.0f} trained tok/s  "
+                      f"{r['trained_tokens']}  positions {r['positions']}  {r['trained_tokens_per_s']:7.0f} trained tok/s ({r['trained_tokens_per_cpu_s']:.0f} per CPU s)  "
                       f"{r['step_ms']:.1f} ms/step  start-up {r['startup_s']:.1f} s  after {r['after_loop_s']:.1f} s",
                       flush=True)
         result = summarise(rounds, args, load_start, cmds, written)
@@ -303,6 +307,7 @@ def main(argv=None) -> int:
 
 
 KEYS = [("trained_tokens_per_s", "trained tokens per second (steps 3..N)", "{:.0f}"),
+        ("trained_tokens_per_cpu_s", "trained tokens per CPU second of the process (steps 3..N)", "{:.0f}"),
         ("wall_s", "end to end, s (the launch command)", "{:.1f}"),
         ("startup_s", "  start-up to the first training forward, s", "{:.1f}"),
         ("launcher_s", "    of which before the training process starts (the launcher), s", "{:.1f}"),
@@ -324,6 +329,7 @@ def summarise(rounds: list[dict], args, load_start, cmds, written) -> dict:
             "recipe_files": written, "medians": med, "ratio_recipe_over_llamafactory": ratio,
             "pair_ratios_tokens_per_s": [a["trained_tokens_per_s"] / b["trained_tokens_per_s"]
                                          for a, b in zip(by["recipe"], by["llamafactory"])],
+            "pair_ratios_wall": [a["wall_s"] / b["wall_s"] for a, b in zip(by["recipe"], by["llamafactory"])],
             "rounds": rounds, "versions": {"recipe": versions(args.recipe_venv), "llamafactory": versions(args.lf_venv)},
             "machine": machine(), "load_start": load_start, "load_end": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -339,7 +345,8 @@ def markdown(res: dict) -> str:
         lines.append(f"| {label} | {fmt.format(med['recipe'][k])} | {fmt.format(med['llamafactory'][k])} | "
                      f"{ratio.get(k, float('nan')):.2f}x |")
     v = res["versions"]
-    lines += ["", "tokens/s ratio per pair: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_tokens_per_s"]),
+    lines += ["", "tokens/s ratio per pair: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_tokens_per_s"])
+              + "; end-to-end ratio per pair: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_wall"]),
               "recipe: " + ", ".join(f"{k} {x}" for k, x in v["recipe"].items()),
               "LLaMA-Factory: " + ", ".join(f"{k} {x}" for k, x in v["llamafactory"].items()),
               f"machine: {res['machine']['cpu']}, {res['machine']['cores']} cores; load "
