@@ -91,19 +91,19 @@ if os.environ.get("BENCH_TRACE"):
 '''
 
 
-def writefile_cells(lesson: str) -> dict[str, str]:
-    cells = nbformat.read(NOTEBOOKS / f"{lesson}.ipynb", as_version=4).cells
+def writefile_cells(folder: Path, lesson: str) -> dict[str, str]:
+    cells = nbformat.read(folder / f"{lesson}.ipynb", as_version=4).cells
     return {c.source.split("\n", 1)[0].split()[-1]: c.source.split("\n", 1)[1] + "\n" for c in cells
             if c.cell_type == "code" and c.source.startswith("%%writefile ")}
 
 
-def write_recipe(work: Path) -> list[str]:
+def write_recipe(work: Path, folder: Path) -> list[str]:
     """Every %%writefile of 07 and 07b into ``work`` (the recipe and what it imports); the names written."""
     files = {}
     for lesson in LESSONS:
-        files.update(writefile_cells(lesson))
-    if RECIPE not in writefile_cells(RECIPE_LESSON):
-        raise SystemExit(f"notebooks/{RECIPE_LESSON}.ipynb has no `%%writefile {RECIPE}` cell: that cell is the "
+        files.update(writefile_cells(folder, lesson))
+    if RECIPE not in writefile_cells(folder, RECIPE_LESSON):
+        raise SystemExit(f"{folder / RECIPE_LESSON}.ipynb has no `%%writefile {RECIPE}` cell: that cell is the "
                          f"recipe this bench measures (rename RECIPE / RECIPE_LESSON here if the lesson moved it)")
     for name, text in files.items():
         (work / name).write_text(text, encoding="utf-8")
@@ -251,6 +251,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-warmup", action="store_true", help="skip the untimed first run of each side")
     p.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
     p.add_argument("--smoke", action="store_true", help="1 pair of 8 steps, no warm-up: checks the wiring")
+    p.add_argument("--notebooks", default=str(NOTEBOOKS), help="where 07 and 07b are read (another checkout's)")
     args = p.parse_args(argv)
     if args.smoke:
         args.pairs, args.examples, args.epochs, args.no_warmup = 1, 32, 1, True
@@ -262,7 +263,7 @@ def main(argv=None) -> int:
     work = Path(tempfile.mkdtemp(prefix="bench-lf-"))
     load_start = os.getloadavg()
     try:
-        written = write_recipe(work)
+        written = write_recipe(work, Path(args.notebooks))
         data, texts = make_data(work, args)
         shape = {k: v for k, v in (("hidden", args.hidden), ("layers", args.layers)) if v}
         base = save_base(str(work / "base"), [t["text"] for t in texts] + [INSTRUCTION], arch="qwen2", seed=args.seed,
