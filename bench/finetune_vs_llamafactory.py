@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shlex
 import shutil
 import statistics
@@ -80,7 +81,8 @@ if os.environ.get("BENCH_TRACE"):
 
     _handle = torch.nn.modules.module.register_module_forward_pre_hook(_first_forward)
     register_optimizer_step_post_hook(
-        lambda opt, args, kwargs: _steps.append((time.time(), _n["trained"], _n["positions"], time.process_time())))
+        lambda opt, args, kwargs: _steps.append((time.time(), _n["trained"], _n["positions"], time.process_time(),
+                                          time.thread_time())))
 
     @atexit.register
     def _dump():
@@ -189,9 +191,10 @@ def run_once(side: str, cmd: list[str], work: Path, tag: str, args) -> dict:
     env.pop("VIRTUAL_ENV", None)
     shutil.rmtree(work / "run", ignore_errors=True)
     shutil.rmtree(work / "lf" / "run", ignore_errors=True)
-    start = time.time()
+    before, start = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
     proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, timeout=args.timeout)
-    wall = time.time() - start
+    wall, after = time.time() - start, resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime  # every process of the command
     (work / "traces" / f"{tag}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode:
         raise SystemExit(f"{side} failed (exit {proc.returncode}): {shlex.join(cmd)}\n{(proc.stdout + proc.stderr)[-4000:]}")
@@ -200,12 +203,13 @@ def run_once(side: str, cmd: list[str], work: Path, tag: str, args) -> dict:
         raise SystemExit(f"{side}: expected one process that stepped an optimizer, found {len(found)} traces")
     t = json.loads(found[0].read_text())
     steps = t["steps"]
-    (t1, n1, _, c1), (tn, nn, pn, cn) = steps[WARMUP_STEPS - 1], steps[-1]
-    out = {"side": side, "wall_s": wall, "steps": len(steps), "trained_tokens": nn, "positions": pn,
+    (t1, n1, _, c1, h1), (tn, nn, pn, cn, hn) = steps[WARMUP_STEPS - 1], steps[-1]
+    out = {"side": side, "wall_s": wall, "cpu_s": cpu, "steps": len(steps), "trained_tokens": nn, "positions": pn,
            "threads": t["threads"], "startup_s": t["first_forward"] - start, "loop_s": tn - t["first_forward"],
            "after_loop_s": start + wall - tn, "launcher_s": t["start"] - start, "process_startup_s": t["first_forward"] - t["start"],
            "script_tail_s": t["exit"] - tn, "exit_s": start + wall - t["exit"], "steady_s": tn - t1, "steady_trained_tokens": nn - n1,
-           "trained_tokens_per_s": (nn - n1) / (tn - t1), "trained_tokens_per_cpu_s": (nn - n1) / (cn - c1), "step_ms": 1000 * (tn - t1) / (len(steps) - WARMUP_STEPS)}
+           "trained_tokens_per_s": (nn - n1) / (tn - t1), "trained_tokens_per_cpu_s": (nn - n1) / (cn - c1),
+           "trained_tokens_per_thread_cpu_s": (nn - n1) / (hn - h1), "cpu_per_wall": (cn - c1) / (tn - t1), "step_ms": 1000 * (tn - t1) / (len(steps) - WARMUP_STEPS)}
     kv = dict(w.split("=", 1) for line in proc.stdout.splitlines() for w in line.split() if "=" in w)
     if side == "recipe":  # the recipe's own report: examples cut at max_length, its tokens/s (attention-mask tokens)
         out.update(truncated=kv.get("truncated"), own_tokens_per_s=kv.get("tokens_per_s"))
@@ -292,7 +296,7 @@ def main(argv=None) -> int:
                 rounds.append({"pair": i, **r})
                 print(f"pair {i} {side:12s} wall {r['wall_s']:6.1f} s  steps {r['steps']}  trained tokens "
                       f"{r['trained_tokens']}  positions {r['positions']}  {r['trained_tokens_per_s']:7.0f} trained tok/s ({r['trained_tokens_per_cpu_s']:.0f} per CPU s)  "
-                      f"{r['step_ms']:.1f} ms/step  start-up {r['startup_s']:.1f} s  after {r['after_loop_s']:.1f} s",
+                      f"{r['step_ms']:.1f} ms/step  CPU {r['cpu_s']:.1f} s  start-up {r['startup_s']:.1f} s  after {r['after_loop_s']:.1f} s",
                       flush=True)
         result = summarise(rounds, args, load_start, cmds, written)
     finally:
@@ -309,7 +313,9 @@ def main(argv=None) -> int:
 
 KEYS = [("trained_tokens_per_s", "trained tokens per second (steps 3..N)", "{:.0f}"),
         ("trained_tokens_per_cpu_s", "trained tokens per CPU second of the process (steps 3..N)", "{:.0f}"),
+        ("cpu_per_wall", "  its CPU share over those steps (the machine's load decides it)", "{:.2f}"),
         ("wall_s", "end to end, s (the launch command)", "{:.1f}"),
+        ("cpu_s", "end to end, CPU s (all its processes)", "{:.1f}"),
         ("startup_s", "  start-up to the first training forward, s", "{:.1f}"),
         ("launcher_s", "    of which before the training process starts (the launcher), s", "{:.1f}"),
         ("process_startup_s", "    of which in it: imports, data, model, to the first forward, s", "{:.1f}"),
@@ -331,6 +337,9 @@ def summarise(rounds: list[dict], args, load_start, cmds, written) -> dict:
             "pair_ratios_tokens_per_s": [a["trained_tokens_per_s"] / b["trained_tokens_per_s"]
                                          for a, b in zip(by["recipe"], by["llamafactory"])],
             "pair_ratios_wall": [a["wall_s"] / b["wall_s"] for a, b in zip(by["recipe"], by["llamafactory"])],
+            "pair_ratios_tokens_per_cpu_s": [a["trained_tokens_per_cpu_s"] / b["trained_tokens_per_cpu_s"]
+                                             for a, b in zip(by["recipe"], by["llamafactory"])],
+            "pair_ratios_cpu_s": [a["cpu_s"] / b["cpu_s"] for a, b in zip(by["recipe"], by["llamafactory"])],
             "rounds": rounds, "versions": {"recipe": versions(args.recipe_venv), "llamafactory": versions(args.lf_venv)},
             "machine": machine(), "load_start": load_start, "load_end": os.getloadavg(),
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
@@ -347,7 +356,9 @@ def markdown(res: dict) -> str:
                      f"{ratio.get(k, float('nan')):.2f}x |")
     v = res["versions"]
     lines += ["", "tokens/s ratio per pair: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_tokens_per_s"])
-              + "; end-to-end ratio per pair: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_wall"]),
+              + "; per CPU second: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_tokens_per_cpu_s"]),
+              "end-to-end ratio per pair: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_wall"])
+              + "; CPU seconds: " + ", ".join(f"{x:.2f}" for x in res["pair_ratios_cpu_s"]),
               "recipe: " + ", ".join(f"{k} {x}" for k, x in v["recipe"].items()),
               "LLaMA-Factory: " + ", ".join(f"{k} {x}" for k, x in v["llamafactory"].items()),
               f"machine: {res['machine']['cpu']}, {res['machine']['cores']} cores; load "
