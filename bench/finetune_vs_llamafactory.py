@@ -5,22 +5,23 @@
 Run from the repository root, outside CI (a few minutes on 2 CPU cores). What it does:
 
 1. writes the recipe's scripts from the notebooks' own ``%%writefile`` cells (07's, then 07b's: 07b's
-   ``train_sft.py`` is the recipe; it imports 07's ``train_lora.py``), so it always measures what the lesson
+   ``train_sft.py`` is the recipe, whatever of 07's it imports is there too), so it always measures what the lesson
    teaches; 07's ``make_data.py`` makes the data, and the lesson's two-turn conversations are built from it
    (``messages``, or Alpaca rows with ``--form alpaca``);
 2. builds a tiny Qwen2 folder offline (``nbtools.tinybase.save_base(arch="qwen2")``: byte-level BPE, Qwen's
    chat template), as tests/test_own_job.py does;
 3. runs, in alternating order (recipe first, then LLaMA-Factory first, ...), ``--pairs`` pairs after one untimed
-   warm-up run of each: the recipe with ``accelerate launch`` as the lesson launches it (1 process on this CPU),
+   warm-up run of each: the recipe with ``accelerate launch`` as its ``%launch`` cell prints it here (1 process),
    and ``llamafactory-cli train`` with a YAML of the same settings (stage sft, LoRA rank/alpha/targets, the same
    chat template, cutoff_len = max_length, batch, epochs, learning rate, fp32, no gradient checkpointing) from
    its own virtual environment (its pins differ from the recipe's stack);
 4. measures both sides the same way: a ``sitecustomize.py`` (on PYTHONPATH for the two runs only) wraps
    ``torch.nn.functional.cross_entropy`` (transformers' causal-LM loss calls it with each side's own labels) to
    count the trained tokens (label != -100) and the positions (padding included), and a global optimizer
-   step hook stamps the time of each step. Trained tokens per second = the trained tokens of steps 3..N over
-   the time from the end of step 2 to the end of step N (2 warm-up steps, as the recipe's own tokens/s).
-   End to end = the launch command's wall time, measured here.
+   step hook stamps the time (wall and CPU) of each step. Trained tokens per second = the trained tokens of steps
+   3..N over the time from the end of step 2 to the end of step N (2 warm-up steps, as the recipe's own tokens/s),
+   in wall seconds and in the process's CPU seconds (the load of a shared machine moves the first, not the second).
+   End to end = the launch command's wall time and the CPU seconds of all its processes, measured here.
 
 Medians over the pairs and the ratios recipe / LLaMA-Factory land in DIR/finetune-vs-llamafactory.json
 and .md; the table is printed.
