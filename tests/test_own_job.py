@@ -1,5 +1,7 @@
-"""A learner's own job (07, 07b, 08, 08b): a tiny Qwen2 made offline, the two data formats 07b's recipe reads,
-labels on the assistant turns only, and the lessons end to end on that second architecture.
+"""A learner's own job (07b; 07, 08 and 08b take a model_id too): a tiny Qwen2 made offline, the three data forms
+07b's train_sft.py reads (Alpaca, messages, ShareGPT) and the rows it refuses, labels on the assistant turns only,
+max_length derived and examples with no answer token dropped, resume from the last checkpoint and on another process
+count refused, eval_sft.py's character F1, and 07b and 08 end to end on that second architecture.
 
 ``tiny_model`` is the fixture other tests use for a local ``model_id`` (no network, seconds).
 """
