@@ -46,6 +46,9 @@ NORMALISED_ENV = "NBTOOLS_NORMALISED"  # on every launch the normaliser decided 
 FROM_SESSION = object()  # launch_spec's timeout when not given: the open session's timeout_s, else the default
 MACHINE_WHY = ("这里没有第二台主机：每台机器是本机（127.0.0.1）上的一个 `accelerate launch`，rank 跑在 CPU 上"
                "（主机之间的 hccl 没有用到）")
+# What torch_npu sets in os.environ only in an interactive interpreter (2.9.0.post2 __init__.py, 2.14.0
+# _init/core/optional_features.py: sys.ps1, __IPYTHON__ or ipykernel): a kernel that imported torch has it, its ranks must not.
+INTERACTIVE_ENV = {"TASK_QUEUE_ENABLE": "0"}
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
 
 
@@ -107,6 +110,9 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     precision = info.check_precision(call.mixed_precision or "no", plan.kind)
     notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
     run_env = dict(plan.env, **call.env)
+    started = {k: v for k, v in interactive_settings().items() if k not in run_env}  # a written value is kept
+    gave = "；".join(f"torch_npu 因内核是交互式的而设的 {k}={INTERACTIVE_ENV[k]} 不传给 rank（rank 不是交互式的），rank 用内核启动时的"
+                    + (f" {k}={v}" if v is not None else "环境（未设置：torch_npu 的默认）") for k, v in started.items())
     # ACCELERATE_* variables exported in the kernel that the launch does not set would change it: they are removed.
     if unset := [k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env]:
         notes.append(f"[nbtools] 不用这个环境里的 {', '.join(sorted(unset))}（启动需要的变量由启动计划给出）")
@@ -115,10 +121,10 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     # user's default config is never read. With a config file `accelerate launch` no longer picks MULTI_NPU by itself
     # for N processes on N NPUs: on NPU the file says it; elsewhere the plan's flags decide.
     config_flags = [] if call.config_file else launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
-    env = (*run_env.items(), *((k, None) for k in unset))
+    env = (*run_env.items(), *((k, None) for k in unset), *started.items())
     if machine:
         mode = [f for f in plan.mode if f not in call.flag_words]
-        return LaunchSpec(plan, call, env, (*mode, *config_flags, *call.flag_words), f"{MACHINE_WHY}；{plan.route}",
+        return LaunchSpec(plan, call, env, (*mode, *config_flags, *call.flag_words), "；".join(filter(None, (MACHINE_WHY, plan.route, gave))),
                           tuple(notes), timeout, folder, None)
     why = [*plan.why]
     cards = plan.env.get(VISIBLE_VARS.get(plan.kind, ""))
@@ -135,9 +141,19 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
         why.append("照写的 --cpu：在 CPU 上运行")
     if replaced := [k for k in plan_flags if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
         why.append(f"你写的 {' '.join(replaced)} 由本机的启动计划决定")
-    why.append(_config_why(call, plan))
+    why += [_config_why(call, plan), gave]
     head = (*plan.flags, "--mixed_precision", precision, *config_flags, *call.extra_flags)
     return LaunchSpec(plan, call, env, head, "；".join(w for w in why if w), tuple(notes), timeout, folder, port)
+
+
+def interactive_settings() -> dict[str, str | None]:
+    """Each of INTERACTIVE_ENV's settings this process has now but did not start with: the value it started with (None:
+    unset), read from /proc/self/environ (for a kernel: the environment JupyterLab was started with). Empty elsewhere."""
+    try:
+        start = dict(e.split("=", 1) for e in map(os.fsdecode, Path("/proc/self/environ").read_bytes().split(b"\0")) if "=" in e)
+    except OSError:
+        return {}
+    return {k: start.get(k) for k, v in INTERACTIVE_ENV.items() if os.environ.get(k) == v != start.get(k)}
 
 
 def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
@@ -205,8 +221,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
     shown = as_shown(echo)
     if shown.echo and spec.notes:
         print("\n".join(spec.notes))
-    tries = 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
-    abort_reruns = 0
+    tries, abort_reruns = 2 + MAX_ABORT_RERUNS, 0  # the first try, one more after a port taken meanwhile, the reruns
     for attempt in range(tries):
         port = spec.next_port()
         this = dataclasses.replace(shown, command=spec.shown(port), why=spec.why)  # always the rule's own why line
@@ -250,8 +265,6 @@ def retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPla
         return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
     whose = ("torch's gloo on CPU" if plan.kind == "cpu" else
              "the simulated NPU's transport, which is torch's gloo under a simulated hccl: not a property of hccl")
-    return (
-        "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
-        f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
-        f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
-    )
+    return ("[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
+            f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
+            f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see")

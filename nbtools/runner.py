@@ -43,7 +43,7 @@ from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
 from .params import convert_parameters, parameter_defaults
-from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill
+from .proctree import is_alive, remember, signal_group, terminate_then_kill
 from .run_results import DEFAULT_KERNEL, CheckResult, Failure, NotebookResult, RunReport, strip_ansi
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
@@ -260,7 +260,7 @@ class _Stopper:
         if self.signum is None:
             return []
         alive = [p for p in self.known.values() if is_alive(p)]
-        terminate_then_kill(alive, grace=GRACE)
+        terminate_then_kill(alive)
         return [p.pid for p in alive]
 
 
