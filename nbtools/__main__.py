@@ -21,10 +21,10 @@ def _simulate(args) -> None:
     from .simnpu_env import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
 
     if not args.simulate_npu:
-        if knobs := [f for f, v in (("--npu-cards", args.npu_cards), ("--npu-soc", args.npu_soc)) if v is not None]:
+        if knobs := [f for f, v in (("--npu-cards", args.npu_cards), ("--npu-soc", args.npu_soc), ("--torch-npu", args.torch_npu)) if v is not None]:
             raise ParameterError(f"{' and '.join(knobs)} describe the simulated NPU: add --simulate-npu")
         return
-    env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC)
+    env = environment(DEFAULT_CARDS if args.npu_cards is None else args.npu_cards, args.npu_soc or DEFAULT_SOC, torch_npu=args.torch_npu)
     os.environ.update(env)
     prepare_simnpu(env)
 
@@ -173,6 +173,7 @@ def _simulation_options() -> argparse.ArgumentParser:
                    "ASCEND_RT_VISIBLE_DEVICES selects among them as on a real host")
     g.add_argument("--npu-soc", choices=SOCS, help=f"the simulated card (default {DEFAULT_SOC}; "
                    "Ascend310P3 has no bf16)")
+    g.add_argument("--torch-npu", choices=("2.9.0.post2", "2.14.0"), help="the torch_npu release whose names and rules it presents (simnpu/api/; default 2.9.0.post2)")
     return sim
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from .errors import ParameterError
+from .lang import msg
 
 
 class Status(str, Enum):
@@ -140,19 +141,19 @@ class Here:
             raise ParameterError(f"unknown tag needs:{need}; known: {', '.join(NEEDS)}")
         return rules[need]
 
-    def pinned(self, tags, status: Status, reason: str) -> tuple[Status, str]:
+    def pinned(self, tags, status: Status, reason: str, lang: str | None = None) -> tuple[Status, str]:
         """(status, reason) of a verdict held to what the cell's needs expect here: a pass or a skip that
-        differs from it fails, saying why."""
+        differs from it fails, saying why (in ``lang``, the notebook's)."""
         if status not in (Status.PASSED, Status.SKIPPED):
             return status, reason
         needs = needs_of(tags)
         try:
             unmet = [n for n in needs if not self.meets(n)]
         except ParameterError as exc:
-            return Status.FAILED, f"needs 标签写错了：{exc}"
+            return Status.FAILED, msg("checks.bad_needs", lang, error=exc)
         if status is Status.SKIPPED and not unmet:
-            met = "、".join(needs) or "它没有 needs 标签，应当处处通过"
-            return Status.FAILED, f"跳过了，但这台机器满足它的条件：{met}（跳过的理由：{reason}）"
+            met = msg("list_sep", lang).join(needs) or msg("checks.no_needs", lang)
+            return Status.FAILED, msg("checks.skipped_but_met", lang, met=met, reason=reason)
         if status is Status.PASSED and unmet:
-            return Status.FAILED, f"通过了，但它需要 {'、'.join(unmet)}，这里没有：needs 标签与检查不一致"
+            return Status.FAILED, msg("checks.passed_but_unmet", lang, unmet=msg("list_sep", lang).join(unmet))
         return status, reason

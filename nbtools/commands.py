@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .device import VISIBLE_VARS, DeviceInfo
 from .errors import NbtoolsError, ParameterError
+from .lang import msg
 from .plan import PLAN_FLAGS
 
 ASCEND_VAR = VISIBLE_VARS["npu"]
@@ -167,7 +168,7 @@ def executable(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if not found:
-        raise CommandNotHere(f"这个环境（{sys.executable}）里没有装 `{name}`：`pip install {name}`")
+        raise CommandNotHere(msg("commands.not_installed", python=sys.executable, name=name))
     return found
 
 
@@ -183,16 +184,11 @@ OFFLOAD_FOLDER = "offload"  # relative to the work folder, where the program run
 def split_targets(kind: str, count: int) -> tuple[str, str, str]:
     """(first half, second half, why) of the quick-start's split for ``count`` devices of ``kind``."""
     if kind in ("npu", "cuda") and count >= 2:
-        why = "" if kind == "npu" else "这里是 CUDA：npu:N -> cuda:N"
+        why = "" if kind == "npu" else msg("commands.cuda_dispatch")
         return f"{kind}:0", f"{kind}:1", why
     if kind in ("npu", "cuda") and count == 1:
-        return f"{kind}:0", "cpu", (
-            f"只看得见一张 {kind.upper()}：npu:1 -> cpu（后一半卸载到 CPU 内存，前向时逐层搬到 {kind}:0）"
-        )
-    return "cpu", "disk", (
-        "这里没有 NPU：npu:0 -> cpu（前一半在 CPU 内存），npu:1 -> disk（后一半卸载到工作文件夹的 "
-        f"'{OFFLOAD_FOLDER}/'，前向时读回），这样仍然切成两处"
-    )
+        return f"{kind}:0", "cpu", msg("commands.one_card_dispatch", name=kind.upper(), kind=kind)
+    return "cpu", "disk", msg("commands.cpu_dispatch", folder=OFFLOAD_FOLDER)
 
 
 def adapt_dispatch(program: str, kind: str, count: int) -> tuple[str, str]:
@@ -236,39 +232,39 @@ def command_here(written: WrittenCommand, info: DeviceInfo, device: str = "auto"
     prog = argv[0]
     if prog in ("python", "python3"):
         argv[0] = sys.executable
-        real.why.append("`python` 换成内核自己的解释器")
+        real.why.append(msg("commands.python"))
         if argv[1:] == ["-c", CHECK_TORCH] and not torch_npu_installed():
             argv[2] = CHECK_TORCH_WITHOUT_NPU
-            real.why.append("这里没装 torch_npu：同一段程序改问 torch.cuda，并打印 `torch_npu= not installed`")
+            real.why.append(msg("commands.no_torch_npu"))
         kind = info.resolve(device)
         if kind == "cpu" and info.kind != "cpu":
             env["ACCELERATE_USE_CPU"] = "1"
-            real.why.append(f"在 {info.kind.upper()} 机器上要了 device='cpu'：ACCELERATE_USE_CPU=1 让 Accelerator() 选 CPU")
+            real.why.append(msg("commands.cpu_asked", kind=info.kind.upper()))
         if adapted := dispatch_rule(argv, kind, info.count if kind != "cpu" else 0):
             argv[:] = adapted[0]
             real.why.append(adapted[1])
     elif prog == "uv" and argv[1:2] == ["pip"] and shutil.which("uv"):  # uv itself, aimed at the kernel's interpreter
         argv[:] = [shutil.which("uv"), "pip", *argv[2:3], "--python", sys.executable, *argv[3:]]
-        real.why.append("`uv pip` 加上 `--python <内核的解释器>`：包装进这个 notebook 运行的环境")
+        real.why.append(msg("commands.uv_pip"))
     elif prog == "pip" or (prog == "uv" and argv[1:2] == ["pip"]):
         argv[:] = [sys.executable, "-m", "pip", "--disable-pip-version-check", *argv[2 if prog == "uv" else 1:]]
-        real.why.append(f"{'这里没有 uv：`uv pip`' if prog == 'uv' else '`pip`'} 换成内核自己的 pip，包装进这个 notebook 运行的环境")
+        real.why.append(msg("commands.no_uv" if prog == "uv" else "commands.pip"))
     elif prog == "accelerate":
         if argv[1:2] == ["launch"] and not written.verbatim:
             raise ParameterError("%cmd has no launch rule (on a CPU `accelerate launch --num_processes 2` starts ONE "
                                  "process): write `%launch accelerate launch ...`, or `%cmd --as-written accelerate "
                                  "launch ...`")
         argv[0] = executable("accelerate")
-        real.why.append("`accelerate` 换成内核所在环境里的命令")
+        real.why.append(msg("commands.accelerate"))
     elif prog == "npu-smi" and shutil.which("npu-smi") is None:
-        raise CommandNotHere(f"`npu-smi` 只在装了 NPU 驱动的昇腾主机上有，这台是 {info.kind.upper()}")
+        raise CommandNotHere(msg("commands.no_npu_smi", kind=info.kind.upper()))
     if ASCEND_VAR in env and info.kind != "npu":  # the quick-start's NPU variable means the same for CUDA
         value = env.pop(ASCEND_VAR)
         if info.kind == "cuda":
             env[CUDA_VAR] = value
-            real.why.append(f"这里是 CUDA：{CUDA_VAR} 选卡，就像 NPU 上的 {ASCEND_VAR}")
+            real.why.append(msg("commands.cuda_visible", cuda=CUDA_VAR, ascend=ASCEND_VAR))
         else:
-            real.why.append(f"这里没有 NPU：CPU 上 {ASCEND_VAR} 没有卡可选，去掉")
+            real.why.append(msg("commands.cpu_visible", ascend=ASCEND_VAR))
     return real
 
 

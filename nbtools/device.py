@@ -26,6 +26,7 @@ from pathlib import Path
 
 from . import floors
 from .errors import DeviceError, ParameterError
+from .lang import msg
 from .plan import LaunchPlan, cpu_route, hide_cards
 from .versions import installed
 
@@ -196,38 +197,34 @@ class DeviceInfo:
         kind, n, note, why, said = self.resolve(device), num_processes, "", [], ""
         if fit and kind != "cpu" and self.count < n:
             n = self.count
-            why.append(f"学员自己的任务：要 {num_processes} 个进程，只看得见 {n} 张 {kind.upper()}：用 {n} 个进程，"
-                       f"在 {', '.join(f'{kind}:{i}' for i in range(n))} 上")
+            why.append(msg("plan.fit", asked=num_processes, n=n, name=kind.upper(), on=", ".join(f"{kind}:{i}" for i in range(n))))
         flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
         fallback = kind != "cpu" and self.count < n
         if fallback:
-            note = (f"CPU（gloo）代跑：要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}"
-                    f"（{self.visible_var}={self.visible_devices or '未设置'}）；这次运行没有用到 hccl/nccl 集合通信")
+            note = msg("plan.fallback_note", n=n, count=self.count, name=kind.upper(), var=self.visible_var,
+                       value=self.visible_devices or msg("plan.unset"))
             env, mode, said = cpu_route(n)
-            why.append(f"要 {n} 个进程，只看得见 {self.count} 张 {kind.upper()}：CPU 代跑（{said}），hccl/nccl 没有用到")
+            why.append(msg("plan.fallback_why", n=n, count=self.count, name=kind.upper(), said=said))
             kind = "cpu"
         elif kind == "cpu":
             env, mode, said = cpu_route(n)
-            note = f"CPU：{n} 个进程，gloo 后端" if self.kind == "cpu" else (
-                f"CPU：看得见 {self.count} 张 {self.kind.upper()}，但要的是 device='cpu'")
-            where = "这里没有 NPU" if self.kind == "cpu" else f"在 {self.kind.upper()} 机器上要了 device='cpu'"
-            why.append(f"{where}：" + (said if n == 1 else f"CPU 上 `accelerate launch --num_processes {n}` "
-                                                         f"只启动一个进程；{said}"))
+            note = msg("plan.cpu_note", n=n) if self.kind == "cpu" else msg("plan.cpu_asked_note", count=self.count, name=self.kind.upper())
+            where = msg("plan.no_npu") if self.kind == "cpu" else msg("session.cpu_asked", kind=self.kind.upper())
+            why.append(msg("plan.cpu_why", where=where, said=said) if n == 1 else msg("plan.cpu_why_n", where=where, n=n, said=said))
         else:
             env = {VISIBLE_VARS[kind]: ",".join(self.cards(n))}
             # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
             # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
             mode = ["--multi_gpu"] if n > 1 and kind == "cuda" else []
             if kind == "cuda":
-                why.append(f"这里是 CUDA：用 {VISIBLE_VARS['cuda']} 代替 {VISIBLE_VARS['npu']}"
-                           + ("，并加 --multi_gpu" if mode else ""))
+                why.append(msg("plan.cuda_multi" if mode else "plan.cuda", cuda=VISIBLE_VARS["cuda"], npu=VISIBLE_VARS["npu"]))
             head = SIMULATED if kind == "npu" and self.simulated else kind.upper()
-            note = f"{head}：{n} 个进程，在 {', '.join(self.names[:n]) or kind} 上"
+            note = msg("plan.cards_note", head=head, n=n, on=", ".join(self.names[:n]) or kind)
             if kind == "npu" and self.simulated:
-                why.append("模拟的 NPU（在 CPU 上，hccl 走 gloo）：证明代码路径与连线，不证明硬件")
+                why.append(msg("plan.simulated"))
         if kind == "cpu" and n > 1 and (hidden := hide_cards(self.kind))[0]:  # the stand-in's ranks never see a card
             env = {**hidden[0], **env}
-            why.append(f"{hidden[1]}（accelerate 1.15 的 wait_for_everyone 否则会把屏障放到卡上）")
+            why.append(msg("plan.hidden", hidden=hidden[1]))
         return LaunchPlan(
             kind=kind, num_processes=n, backend=BACKENDS[kind] if n > 1 else None,
             distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO", env=env, flags=[*mode, *flags],

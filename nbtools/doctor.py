@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -16,10 +18,12 @@ from packaging.utils import canonicalize_name
 
 from . import floors
 from .device import CANN_FIX, DeviceInfo, detect
+from .lang import msg
 from .versions import installed, same_version
 
 REQUIREMENTS_NPU = Path(__file__).resolve().parent.parent / "requirements-npu.txt"
 REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")
+COMPAT = Path(__file__).with_name("data") / "ascend_compat.json"  # Ascend's torch_npu / torch / CANN table, as read
 
 
 def series_requirements(path: Path | None = None) -> dict[str, SpecifierSet]:
@@ -48,9 +52,8 @@ def quickstart_matrix(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError:
         return {}
-    found = (re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*$", line) or re.match(r"([A-Za-z0-9_.-]+)==(\S+)", line)
-             for line in lines)
-    return {m.group(1).lower().replace("-", "_"): m.group(2) for m in found if m}
+    found = (re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*()$", line) or re.match(r'([\w.-]+)==([^\s;]+)\s*(?:;\s*platform_machine\s*==\s*"(\w+)")?', line) for line in lines)
+    return {m.group(1).lower().replace("-", "_"): m.group(2) for m in found if m and m.group(3) in (None, "", platform.machine())}
 
 
 QUICKSTART = quickstart_matrix()
@@ -86,9 +89,7 @@ def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     info = info or detect()
     rows = [_python_row(info.versions["python"])]
     rows += [Row("setup", p.what, FAIL if p.blocking else WARN, p.fix) for p in info.problems]
-    rows += _torch_rows(info)
-    rows.append(_devices_row(info))
-    rows += _package_rows()
+    rows += _torch_rows(info) + _pairing_rows(info) + [_devices_row(info)] + _package_rows()
     cfg = accelerate_config_path()
     if cfg and os.path.exists(cfg):
         note = "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)"
@@ -110,7 +111,7 @@ def _torch_rows(info: DeviceInfo) -> list[Row]:
     v = info.versions
     torch_v, npu_v = v.get("torch"), v.get("torch_npu")
     if not torch_v:
-        rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: pip install -r requirements-npu.txt")]
+        rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: python tools/install.py --npu")]
     else:
         want = QUICKSTART.get("torch")
         status = WARN if npu_v and want and floors.release(torch_v)[:2] != floors.release(want)[:2] else OK
@@ -124,16 +125,45 @@ def _torch_rows(info: DeviceInfo) -> list[Row]:
         want = QUICKSTART.get("torch_npu", "unknown")
         rows.append(Row("torch_npu", npu_v, OK if same_version(npu_v, want) else INFO, f"quick-start: {want}"))
     elif shutil.which("npu-smi"):
-        rows.append(Row("torch_npu", "not installed", FAIL, "npu-smi is here but torch_npu is not: pip install -r requirements-npu.txt"))
+        rows.append(Row("torch_npu", "not installed", FAIL, "npu-smi is here but torch_npu is not: python tools/install.py --npu"))
     else:
         rows.append(Row("torch_npu", "not installed", INFO, "no Ascend NPU software here; the series runs on CUDA or CPU"))
     if info.kind == "npu":
-        cann, want = v.get("cann") or "unknown", QUICKSTART.get("cann", "unknown")
+        cann, want = cann_version(info) or "unknown", QUICKSTART.get("cann", "unknown")
         status = FAIL if floors.below(cann, floors.CANN) else OK if cann.startswith(want) else INFO
         rows.append(Row("CANN", cann, status, f"quick-start: {want}; the series' minimum: {floors.CANN}"))
     elif npu_v:
         rows.append(Row("CANN", "not loaded", WARN, CANN_FIX))
     return rows
+
+
+def cann_version(info: DeviceInfo) -> str | None:
+    """The CANN torch_npu loaded (torch.version.cann), else the one whose install info is under ASCEND_HOME_PATH (set by
+    CANN's set_env.sh): an ``ascend_*_install.info`` with ``version=...``, where torch_npu's collect_env reads it."""
+    home = Path(os.environ.get("ASCEND_HOME_PATH") or "/nonexistent")
+    texts = (p.read_text(errors="replace") for depth in ("", "*/", "*/*/") for p in sorted(home.glob(f"{depth}ascend_*_install.info")))
+    return info.versions.get("cann") or next((m.group(1) for t in texts if (m := re.search(r"^version=(\S+)", t, re.M))), None)
+
+
+def pairing(cann: str | None, torch_npu: str | None) -> dict | None:
+    """What Ascend's compatibility table (data/ascend_compat.json) says of this CANN and torch_npu, or None without a
+    CANN: ``listed``, the [torch_npu, torch] it lists for that CANN (empty: no row); ``built_for``, the CANN(s) it lists
+    this torch_npu for; ``together``, whether this torch_npu is one of ``listed``. Local labels (+simulated) are not compared."""
+    if not cann:
+        return None
+    table, base, npu = json.loads(COMPAT.read_text(encoding="utf-8")), cann.split("+")[0], (torch_npu or "").split("+")[0]
+    listed = [r[:2] for r in table["rows"] if f"{base.lower()}.".startswith(f"{r[2].lower()}.")]  # 9.1.0.1 is 9.1.0's
+    return {"cann": cann, "torch_npu": npu or None, "listed": listed, "built_for": [r[2] for r in table["rows"] if r[0] == npu],
+            "together": any(n == npu for n, _ in listed), "read": table["read"], "url": table["url"]}
+
+
+def _pairing_rows(info: DeviceInfo) -> list[Row]:
+    if not (p := pairing(cann_version(info), info.versions.get("torch_npu"))):
+        return []  # no CANN here (a CPU or CUDA host): pairing does not apply
+    said, npu, lists = f"Ascend's compatibility table (read {p['read']}, nbtools/data/ascend_compat.json)", p["torch_npu"], ", ".join(f"{n} (torch {t})" for n, t in p["listed"])
+    built = "released together" if p["together"] else f"{npu} is the CANN {' / '.join(p['built_for'])} build" if p["built_for"] else f"{npu} is not in it" if npu else "no torch_npu here"
+    return [Row("CANN pairing", f"CANN {p['cann']}, torch_npu {npu or '-'}", OK if p["together"] else INFO, f"{said}: {built}; for CANN "
+                f"{p['cann']} it lists torch_npu {lists}; nothing was changed" if lists else f"{said} has no row for CANN {p['cann']}: see {p['url']}")]
 
 
 def _devices_row(info: DeviceInfo) -> Row:
@@ -179,17 +209,17 @@ def terminal_python(path: str | None = None) -> tuple[dict, str]:
     the series' Python floor and imports the torch and Accelerate this kernel has, whichever interpreter it is."""
     from .expected import parse_kv
 
-    exe, fix = shutil.which("python", path=path), f"在终端里运行 `export PATH={Path(sys.executable).parent}:$PATH`（或激活内核的环境）"
+    exe, fix = shutil.which("python", path=path), msg("doctor.fix_path", folder=Path(sys.executable).parent)
     if exe is None:
-        return {}, f"终端里没有 `python`（PATH 上找不到）：{fix}，让终端的 python 就是内核的解释器"
+        return {}, msg("doctor.no_python", fix=fix)
     proc = subprocess.run([exe, "-c", TERMINAL_PROBE], capture_output=True, text=True, timeout=300)
     kv = parse_kv(proc.stdout)
     if floors.below(kv.get("python") or "0", floors.PYTHON):
-        return kv, f"终端里的 `python`（{exe}）是 Python {kv.get('python', '?')}，低于本系列的最低版本 {floors.PYTHON}：{fix}"
+        return kv, msg("doctor.old_python", exe=exe, version=kv.get("python", "?"), floor=floors.PYTHON, fix=fix)
     want = {name: installed(name) for name in ("torch", "accelerate")}
     if wrong := [n for n, v in want.items() if not same_version(kv.get(n), v)]:
-        return kv, (f"终端里的 `python`（{exe}）导入不了内核的 " + "、".join(f"{n} {want[n]}" for n in wrong) + "（它那里："
-                    + "；".join(f"{n} {kv.get(n, '?')}" for n in wrong) + f"）：{fix}，在终端里用的就是内核的 torch 和 Accelerate")
+        return kv, msg("doctor.other_stack", exe=exe, want=msg("list_sep").join(f"{n} {want[n]}" for n in wrong),
+                       got=msg("sep").join(f"{n} {kv.get(n, '?')}" for n in wrong), fix=fix)
     return kv, ""
 
 

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 
 from .errors import OutputMismatch
+from .lang import msg
 
 ANY_LINES = "..."
 IN_LINE = "xxx"
@@ -49,8 +50,8 @@ class Match:
     def report(self, width: int = 60) -> str:
         """Expected and actual side by side, the first differing line marked with '>>'."""
         if self.ok:
-            return "输出与预期的块一致"
-        rows = [f"   {'预期':<{width}} | 实际输出", "   " + "-" * width + "-+-" + "-" * width]
+            return msg("expected.same")
+        rows = [f"   {msg('expected.expected'):<{width}} | {msg('expected.actual')}", "   " + "-" * width + "-+-" + "-" * width]
         start = max(0, min(self.exp_at, self.act_at) - 3)
         for i in range(start, max(len(self.expected), len(self.actual), self.act_at + 1)):
             e = self.expected[i] if i < len(self.expected) else ""
@@ -60,9 +61,9 @@ class Match:
             if i - start > 30:
                 rows.append("   ...")
                 break
-        want = self.expected[self.exp_at] if self.exp_at < len(self.expected) else "<预期的块已结束>"
-        got = self.actual[self.act_at] if self.act_at < len(self.actual) else "<输出已结束>"
-        rows.append(f"第一处不同：预期第 {self.exp_at + 1} 行 {want!r}，输出第 {self.act_at + 1} 行 {got!r}")
+        want = self.expected[self.exp_at] if self.exp_at < len(self.expected) else msg("expected.block_ended")
+        got = self.actual[self.act_at] if self.act_at < len(self.actual) else msg("expected.output_ended")
+        rows.append(msg("expected.first_difference", line=self.exp_at + 1, want=repr(want), at=self.act_at + 1, got=repr(got)))
         return "\n".join(rows)
 
 
@@ -93,10 +94,10 @@ def match(expected: str, actual: str) -> Match:
     return Match(False, exp, act, exp_at, act_at)
 
 
-def assert_matches(expected: str, actual: str, what: str = "输出") -> None:
+def assert_matches(expected: str, actual: str, what: str | None = None) -> None:
     """Raise OutputMismatch (an AssertionError) with a side-by-side view when they differ."""
     if not (m := match(expected, actual)):
-        raise OutputMismatch(f"{what}与预期的块不一致：\n{m.report()}")
+        raise OutputMismatch(msg("expected.mismatch", what=what or msg("expected.output"), report=m.report()))
 
 
 def parse_kv(text: str) -> dict[str, str]:

@@ -19,7 +19,7 @@ ACCELERATE = "1.15.0"
 CANN = "9.1.0"
 # The quick-start's image (Ascend's registry): Python 3.12, CANN 9.1.0; torch + torch_npu from requirements-npu.txt.
 IMAGE = "swr.cn-south-1.myhuaweicloud.com/ascendhub/cann:9.1.0-910b-ubuntu22.04-py3.12"
-USE_INSTEAD = (f"use the quick-start's image ({IMAGE}) with `pip install -r requirements-npu.txt`, or a ModelArts custom "
+USE_INSTEAD = (f"use the quick-start's image ({IMAGE}) with `python tools/install.py --npu`, or a ModelArts custom "
                "image built from tools/classroom.Dockerfile")
 FLOORS = (("python", PYTHON), ("torch", TORCH), ("cann", CANN))
 

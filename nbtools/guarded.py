@@ -24,11 +24,11 @@ import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import proctree
 from .commands import shell_line
 from .diagnose import CommandResult, benign_blocks, raise_on_failure, timeout_message, unglue_warning
 from .errors import LaunchError, LaunchTimeout
 from .plan import LaunchPlan
-from .proctree import GRACE, kill_now
 
 GUARDIAN = str(Path(__file__).with_name("guardian.py"))  # the parent of every command started here
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
@@ -223,7 +223,7 @@ def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
     return subprocess.Popen(
-        [sys.executable, GUARDIAN, "--grace", str(GRACE), "--", *argv],
+        [sys.executable, GUARDIAN, "--grace", str(proctree.GRACE), "--", *argv],
         stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
         stdout=stdout,
         stderr=subprocess.PIPE,  # the guardian's status line
@@ -332,7 +332,7 @@ def _status(proc: subprocess.Popen) -> dict:
 
 def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
     """Ask the guardian to stop the whole tree and wait for it; a second Ctrl-C asks it to kill at once."""
-    wait = GRACE + 5
+    wait = proctree.GRACE + 5
     while True:
         with contextlib.suppress(OSError, ValueError):
             if proc.stdin and not proc.stdin.closed:
@@ -341,7 +341,7 @@ def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
         try:
             proc.wait(timeout=wait)
         except subprocess.TimeoutExpired:
-            kill_now(proc.pid)  # the guardian itself is wedged (never seen); its tree then re-parents to init
+            proctree.kill_now(proc.pid)  # the guardian itself is wedged (never seen); its tree then re-parents to init
             proc.wait()
         except KeyboardInterrupt:
             how, wait = "kill", 3.0  # impatient: kill now, keep waiting only briefly

@@ -153,7 +153,7 @@ def _report(status: dict) -> int:
 
 
 def main(argv: list[str]) -> int:
-    grace = 5.0
+    grace = None  # not given: proctree.GRACE, the one grace period (imported once the command runs)
     if argv[:1] == ["--grace"]:
         grace, argv = float(argv[1]), argv[2:]
     if argv[:1] == ["--"]:
@@ -171,7 +171,7 @@ def main(argv: list[str]) -> int:
     reason, at_once = _watch(child)
     killed: list[int] = []
     if reason:
-        killed = stop_all(0.0 if at_once else grace)
+        killed = stop_all(0.0 if at_once else _proctree().GRACE if grace is None else grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=5)
     elif _proctree().descendants():  # the command ended: stop anything it left behind (it may hold the output pipe)

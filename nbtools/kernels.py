@@ -199,7 +199,8 @@ class KernelsAhead:
         return runner_kernel_manager()(**kw)
 
     def start(self, path: Path, warm: bool = False) -> None:
-        """Start ``path``'s kernel now, in the notebook's folder, unless it is started already;
+        """Start ``path``'s kernel now, in the notebook's folder and told its path as JupyterLab 4 tells it
+        (JPY_SESSION_NAME: nbtools.lang reads the notebook's language from it), unless it is started already;
         ``warm``: an ipykernel also imports matplotlib as it boots. The kernel's own stdout and
         stderr (ipykernel's log) go to ``log_for(path)``, not the terminal."""
         if path in self._started:
@@ -210,7 +211,7 @@ class KernelsAhead:
         args = [*IPYKERNEL_ARGS, f"--IPKernelApp.exec_lines={WARM_UP}"] if warm else IPYKERNEL_ARGS
         with open(self.log_for(path), "wb") as log:  # the kernel process keeps its own copy of the file
             run_sync(km.start_kernel)(
-                cwd=str(path.parent), env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT,
+                cwd=str(path.parent), env={**os.environ, **self.env, "JPY_SESSION_NAME": str(path)}, stdout=log, stderr=subprocess.STDOUT,
                 extra_arguments=args if km.ipykernel else [],
             )
         self._started[path] = KernelState(km)

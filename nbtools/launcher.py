@@ -26,6 +26,7 @@ from .device import VISIBLE_VARS, DeviceInfo
 from .diagnose import CommandResult, gloo_exit_abort
 from .errors import LaunchError, LaunchTimeout, ParameterError
 from .guarded import Background, Shown, as_shown, free_port, run_command, start_background
+from .lang import msg
 from .params import DEFAULT_TIMEOUT_S, validate
 from .plan import LaunchPlan, write_files
 
@@ -44,8 +45,9 @@ NEUTRAL_CONFIG = {
 }
 NORMALISED_ENV = "NBTOOLS_NORMALISED"  # on every launch the normaliser decided (LaunchSpec.run_env; a test counts them)
 FROM_SESSION = object()  # launch_spec's timeout when not given: the open session's timeout_s, else the default
-MACHINE_WHY = ("这里没有第二台主机：每台机器是本机（127.0.0.1）上的一个 `accelerate launch`，rank 跑在 CPU 上"
-               "（主机之间的 hccl 没有用到）")
+# What torch_npu sets in os.environ only in an interactive interpreter (2.9.0.post2 __init__.py, 2.14.0
+# _init/core/optional_features.py: sys.ps1, __IPYTHON__ or ipykernel): a kernel that imported torch has it, its ranks must not.
+INTERACTIVE_ENV = {"TASK_QUEUE_ENABLE": "0"}
 _PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
 
 
@@ -107,49 +109,59 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     precision = info.check_precision(call.mixed_precision or "no", plan.kind)
     notes = [f"[nbtools] NOTE {plan.note}"] if plan.fallback else []
     run_env = dict(plan.env, **call.env)
+    started = {k: v for k, v in interactive_settings().items() if k not in run_env}  # a written value is kept
+    gave = msg("sep").join(msg("launcher.interactive", key=k, value=INTERACTIVE_ENV[k]) + (f" {k}={v}" if v is not None else
+                                                                                          msg("launcher.interactive_unset")) for k, v in started.items())
     # ACCELERATE_* variables exported in the kernel that the launch does not set would change it: they are removed.
     if unset := [k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env]:
-        notes.append(f"[nbtools] 不用这个环境里的 {', '.join(sorted(unset))}（启动需要的变量由启动计划给出）")
+        notes.append("[nbtools] " + msg("launcher.unset", names=", ".join(sorted(unset))))
     folder = str(cwd if cwd is not None else os.getcwd())
     # The learner's own --config_file as written, else Accelerate's defaults in a file in the folder, so that the
     # user's default config is never read. With a config file `accelerate launch` no longer picks MULTI_NPU by itself
     # for N processes on N NPUs: on NPU the file says it; elsewhere the plan's flags decide.
     config_flags = [] if call.config_file else launch_config(plan.distributed_type if plan.kind == "npu" else "NO", folder)
-    env = (*run_env.items(), *((k, None) for k in unset))
+    env = (*run_env.items(), *((k, None) for k in unset), *started.items())
     if machine:
         mode = [f for f in plan.mode if f not in call.flag_words]
-        return LaunchSpec(plan, call, env, (*mode, *config_flags, *call.flag_words), f"{MACHINE_WHY}；{plan.route}",
+        return LaunchSpec(plan, call, env, (*mode, *config_flags, *call.flag_words), msg("sep").join(filter(None, (msg("launcher.machine"), plan.route, gave))),
                           tuple(notes), timeout, folder, None)
     why = [*plan.why]
     cards = plan.env.get(VISIBLE_VARS.get(plan.kind, ""))
     if call.num_processes is None:
-        why.append(f"没写 --num_processes：用 {n} 个进程（{'会话的 num_processes' if s else '默认'}），"
-                   + (f"卡 {cards}" if cards else "在 CPU 上"))
+        why.append(msg("launcher.no_num_processes", n=n, source=msg("launcher.from_session" if s else "launcher.default"),
+                       on=msg("launcher.cards", cards=cards) if cards else msg("launcher.on_cpu")))
     elif cards and call.written_visible is not None and call.written_visible != cards:
-        why.append(f"{plan.num_processes} 个进程的计划用卡 {cards}")
+        why.append(msg("launcher.plan_cards", n=plan.num_processes, cards=cards))
     if call.mixed_precision is None:
-        why.append(f"没写 --mixed_precision：用 {precision}（Accelerate 的默认）")
+        why.append(msg("launcher.no_precision", precision=precision))
     if plan.num_processes > 1 and call.command is not None:
-        why.append(f"照写的会合端口 {port}" if "--main_process_port" in plan_flags else "用一个空闲的会合端口代替 29500")
+        why.append(msg("launcher.written_port", port=port) if "--main_process_port" in plan_flags else msg("launcher.free_port"))
     if "--cpu" in plan_flags:
-        why.append("照写的 --cpu：在 CPU 上运行")
+        why.append(msg("launcher.written_cpu"))
     if replaced := [k for k in plan_flags if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
-        why.append(f"你写的 {' '.join(replaced)} 由本机的启动计划决定")
-    why.append(_config_why(call, plan))
+        why.append(msg("launcher.replaced", flags=" ".join(replaced)))
+    why += [_config_why(call, plan), gave]
     head = (*plan.flags, "--mixed_precision", precision, *config_flags, *call.extra_flags)
-    return LaunchSpec(plan, call, env, head, "；".join(w for w in why if w), tuple(notes), timeout, folder, port)
+    return LaunchSpec(plan, call, env, head, msg("sep").join(w for w in why if w), tuple(notes), timeout, folder, port)
+
+
+def interactive_settings() -> dict[str, str | None]:
+    """Each of INTERACTIVE_ENV's settings this process has now but did not start with: the value it started with (None:
+    unset), read from /proc/self/environ (for a kernel: the environment JupyterLab was started with). Empty elsewhere."""
+    try:
+        start = dict(e.split("=", 1) for e in map(os.fsdecode, Path("/proc/self/environ").read_bytes().split(b"\0")) if "=" in e)
+    except OSError:
+        return {}
+    return {k: start.get(k) for k, v in INTERACTIVE_ENV.items() if os.environ.get(k) == v != start.get(k)}
 
 
 def _config_why(call: LaunchCall, plan: LaunchPlan) -> str:
     """What the config file changes: Accelerate's defaults given explicitly, or the learner's file as written."""
     if call.config_file is None:
-        return "显式给出 Accelerate 的默认配置（工作文件夹里的 accelerate_config_*.json），你的 `accelerate config` 文件不会改变这次运行"
+        return msg("launcher.default_config")
     kind = call.config.get("distributed_type", "NO")
-    said = (f"照写的用你的 --config_file {call.config_file}（distributed_type {kind}），"
-            "其中的 num_processes 和 mixed_precision 显式给出")
-    if plan.kind == "cpu" and kind in ("FSDP", "DEEPSPEED"):
-        said += f"；Accelerate 只在加速卡上启用 {kind}，所以这份配置在这里跑的是 DDP"
-    return said
+    said = msg("launcher.your_config", file=call.config_file, kind=kind)
+    return said + (msg("launcher.ddp_on_cpu", kind=kind) if plan.kind == "cpu" and kind in ("FSDP", "DEEPSPEED") else "")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,8 +217,7 @@ def launch(spec: LaunchSpec, *, check: bool = True, offline: bool = True, echo: 
     shown = as_shown(echo)
     if shown.echo and spec.notes:
         print("\n".join(spec.notes))
-    tries = 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
-    abort_reruns = 0
+    tries, abort_reruns = 2 + MAX_ABORT_RERUNS, 0  # the first try, one more after a port taken meanwhile, the reruns
     for attempt in range(tries):
         port = spec.next_port()
         this = dataclasses.replace(shown, command=spec.shown(port), why=spec.why)  # always the rule's own why line
@@ -250,8 +261,6 @@ def retry_line(reason: str, port: int | None, abort_reruns: int, plan: LaunchPla
         return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
     whose = ("torch's gloo on CPU" if plan.kind == "cpu" else
              "the simulated NPU's transport, which is torch's gloo under a simulated hccl: not a property of hccl")
-    return (
-        "[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
-        f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
-        f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see"
-    )
+    return ("[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
+            f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
+            f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see")

@@ -23,6 +23,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from .lang import msg
+
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 _VERSION = re.compile(r"npu-smi\s+(\S+)")
@@ -155,8 +157,8 @@ def summary(table: dict) -> str:
     for n in table["npus"]:
         hbm = f"HBM {n.get('hbm_used_mb')} / {n.get('hbm_total_mb')} MB" if "hbm_total_mb" in n else ""
         lines.append(f"NPU {n.get('id')} chip {n.get('chip')}: {n.get('name')} health={n.get('health')} {hbm}".rstrip())
-    lines += [f"  进程 {p.get('pid')}（{p.get('name')}）在 NPU {p.get('npu')} 上：{p.get('memory_mb')} MB"
-              for p in table["processes"]] or ["  没有运行中的进程"]
+    lines += [msg("npusmi.process", pid=p.get("pid"), name=p.get("name"), npu=p.get("npu"), mb=p.get("memory_mb"))
+              for p in table["processes"]] or [msg("npusmi.no_process")]
     return "\n".join(lines)
 
 

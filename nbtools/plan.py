@@ -9,6 +9,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .lang import msg
+
 
 @dataclass
 class LaunchPlan:
@@ -40,10 +42,10 @@ def cpu_route(num_processes: int) -> tuple[dict[str, str], list[str], str]:
     combination gives a real multi-process group there (measured: ``--num_processes`` alone starts ONE
     process; ``--multi_gpu`` alone starts N processes that each run alone)."""
     if num_processes == 1:
-        return {}, ["--cpu"], "CPU 上一个进程（--cpu）"
+        return {}, ["--cpu"], msg("plan.one_cpu")
     env, flags = {"ACCELERATE_USE_CPU": "1"}, ["--multi_gpu"]
     said = " + ".join([*(f"{k}={v}" for k, v in env.items()), *flags])
-    return env, flags, f"{said} 组成真正的 {num_processes} 个 rank 的 gloo 进程组"
+    return env, flags, msg("plan.gloo_group", said=said, n=num_processes)
 
 
 # Put in front of PYTHONPATH for ranks that run on an NPU host's CPU (hide_cards), with torch's autoload off: a
@@ -86,13 +88,13 @@ def hide_cards(host: str) -> tuple[dict[str, str], str]:
     1.15's ``wait_for_everyone`` passes ``device_ids`` on MULTI_CPU too, and torch then builds that barrier on the
     host's accelerator ("No backend type associated with device type npu"; on CUDA "invalid device ordinal")."""
     if host == "cuda":
-        return {"CUDA_VISIBLE_DEVICES": ""}, "CUDA_VISIBLE_DEVICES= 让这些 rank 看不见 GPU"
+        return {"CUDA_VISIBLE_DEVICES": ""}, msg("plan.hide_gpu")
     if host != "npu":
         return {}, ""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools" / "hide-npu"
     folder = write_files(cache, HIDDEN, "nbtools-hide-npu-")
     return ({"PYTHONPATH": in_front(folder, os.environ.get("PYTHONPATH")), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
-            "PYTHONPATH 前面放一个让 torch_npu 显得没有安装、导入即失败的 sitecustomize（torch 不再自动加载它），让这些 rank 看不见 NPU")
+            msg("plan.hide_npu"))
 
 
 def in_front(entry: Path, current: str | None) -> str:

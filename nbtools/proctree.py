@@ -92,13 +92,14 @@ def signal_group(pid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def stop_from_top(procs, tops, grace: float = GRACE) -> list[int]:
+def stop_from_top(procs, tops, grace: float | None = None) -> list[int]:
     """Stop processes whose ``tops`` stop their own trees (guardians): SIGTERM to the tops, up to
     ``grace`` + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
     wedged one). Returns the pids still alive afterwards (none, normally)."""
     procs, tops = list(procs), list(tops)
     for top in tops:
         _signal(top, signal.SIGTERM)
+    grace = GRACE if grace is None else grace
     alive = _wait(procs, grace + 3 if tops else 0.1, reap=True)
     terminate_then_kill(alive, grace)
     return [p.pid for p in alive if is_alive(p)]
@@ -110,7 +111,7 @@ def kill_now(pid: int) -> None:
         _signal(psutil.Process(pid), signal.SIGKILL)
 
 
-def terminate_then_kill(procs, grace: float = GRACE, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
+def terminate_then_kill(procs, grace: float | None = None, kill_wait: float = 3.0, reap: bool = True) -> list[int]:
     """SIGTERM ``procs``, wait up to ``grace`` s, SIGKILL the rest; the pids that needed SIGKILL.
 
     ``procs`` is a list, or a function that lists them again (the guardian's ``descendants``): then what
@@ -120,7 +121,7 @@ def terminate_then_kill(procs, grace: float = GRACE, kill_wait: float = 3.0, rea
     """
     fixed = None if callable(procs) else list(procs)
     listing = procs if fixed is None else (lambda: [p for p in fixed if is_alive(p)])
-    deadline = time.monotonic() + grace
+    deadline = time.monotonic() + (GRACE if grace is None else grace)
     signalled: set[int] = set()
     empty = 0  # a listing function: nothing alive twice in a row, 50 ms apart (a re-parented orphan may lag)
     while (live := listing()) or (fixed is None and empty < 2):

@@ -21,7 +21,7 @@ import psutil
 
 from .guarded import GUARDIAN, MARKER_ENV
 from .npusmi import parse_npu_smi, summary
-from .proctree import GRACE, existing, marked, stop_from_top
+from .proctree import existing, marked, stop_from_top
 
 
 @dataclass
@@ -84,7 +84,7 @@ def render(launches: list[Launch], width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def stop(launches: list[Launch], grace: float = GRACE) -> list[int]:
+def stop(launches: list[Launch], grace: float | None = None) -> list[int]:
     """Stop every process of these launches (each guardian first: it stops its own tree gracefully);
     returns the pids still alive afterwards (none, normally)."""
     procs = existing(p.pid for launch in launches for p in launch.processes)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import re
 
 from .expected import ANY_LINES, RANK_PREFIX, assert_matches
+from .lang import msg
 
 _KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
 
@@ -35,7 +36,7 @@ def keyed_lines(output: str, keys) -> str:
     return "\n".join(line for line in lines if line.startswith(wanted))
 
 
-def assert_block(block: str, output: str, what: str = "启动的输出") -> None:
+def assert_block(block: str, output: str, what: str | None = None) -> None:
     """Raise OutputMismatch unless the block's ``key=`` lines of ``output`` match ``block`` (xxx allowed).
 
     Lines about other keys, and other ranks' warnings, are ignored, as in the quick-start's
@@ -46,7 +47,8 @@ def assert_block(block: str, output: str, what: str = "启动的输出") -> None
         raise ValueError(f"the expected block names no key=value line: {block!r}")
     if any(line.strip() == ANY_LINES for line in block.splitlines()):
         raise ValueError("assert_block already ignores other lines: leave '...' out of the block")
-    assert_matches(block, keyed_lines(output, keys), what=f"{what}（其中 {'、'.join(k + '=' for k in keys)} 这几行）")
+    keyed = msg("list_sep").join(k + "=" for k in keys)
+    assert_matches(block, keyed_lines(output, keys), what=msg("ranks.lines_of", what=what or msg("ranks.output"), keys=keyed))
 
 
 REAL = "#cfe0f5"

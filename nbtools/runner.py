@@ -42,8 +42,9 @@ from .checks import SEED_CHECKS, Here, Status, check_ids, verdict_in
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
 from .kernels import KernelsAhead, KernelState, ipc_dir
+from .lang import msg, of_metadata
 from .params import convert_parameters, parameter_defaults
-from .proctree import GRACE, is_alive, remember, signal_group, terminate_then_kill
+from .proctree import is_alive, remember, signal_group, terminate_then_kill
 from .run_results import DEFAULT_KERNEL, CheckResult, Failure, NotebookResult, RunReport, strip_ansi
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
@@ -74,11 +75,7 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     return [p.resolve() for p in found]
 
 
-NOT_REACHED = "没有运行：笔记本在这个单元格之前就停了"
-NO_VERDICT = "检查单元格没有打印判定行：{} 的判定要由 nbtools.passed 或 nbtools.skipped 给出，print 出来的文字不算"
-
-
-def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]:
+def _cell_verdict(cell, check_id: str, full: bool = False, lang: str | None = None) -> tuple[Status, str]:
     """(status, reason) of one check cell; a failure's reason is its error's first line, or all of it (``full``)."""
     outputs = cell.get("outputs", [])
     e = next((o for o in outputs if o.get("output_type") == "error"), None)
@@ -87,19 +84,19 @@ def _cell_verdict(cell, check_id: str, full: bool = False) -> tuple[Status, str]
         value = value if full else (value.splitlines() or [""])[0]
         return Status.FAILED, f"{e.get('ename', 'Error')}: {value}".strip()
     if cell.get("execution_count") is None and not outputs:
-        return Status.FAILED, NOT_REACHED
-    return verdict_in(outputs, check_id) or (Status.FAILED, NO_VERDICT.format(check_id))
+        return Status.FAILED, msg("runner.not_reached", lang)
+    return verdict_in(outputs, check_id) or (Status.FAILED, msg("runner.no_verdict", lang, check_id=check_id))
 
 
 def judge_checks(nb, notebook_name: str, full: bool = False, here: Here | None = None) -> list[CheckResult]:
     """Every check cell's verdict (``full``: a failure's whole error, not only its first line), held to what its
-    ``needs:`` tags expect ``here`` when given."""
-    out = []
+    ``needs:`` tags expect ``here`` when given; its reasons in the notebook's language."""
+    out, lang = [], of_metadata(nb.metadata)
     for cell in nb.cells:
         tags = cell.get("metadata", {}).get("tags")
         for cid in check_ids(tags):
-            status, reason = _cell_verdict(cell, cid, full)
-            status, reason = here.pinned(tags, status, reason) if here else (status, reason)
+            status, reason = _cell_verdict(cell, cid, full, lang)
+            status, reason = here.pinned(tags, status, reason, lang) if here else (status, reason)
             out.append(CheckResult(cid, status, notebook_name, reason, cid in SEED_CHECKS))
     return out
 
@@ -260,7 +257,7 @@ class _Stopper:
         if self.signum is None:
             return []
         alive = [p for p in self.known.values() if is_alive(p)]
-        terminate_then_kill(alive, grace=GRACE)
+        terminate_then_kill(alive)
         return [p.pid for p in alive]
 
 
@@ -326,16 +323,19 @@ class _Run:
     stopper: _Stopper
     timeout: float | None
     needs: dict  # deepspeed / network: what here_for takes besides the probe
-    stop_reason: str = ""
+    stop: tuple = ()  # why the notebooks left are not run: a catalogue key and its values
+
+    def stop_reason(self, path: Path) -> str:
+        return msg(self.stop[0], of_metadata(self.selected.sources[path].metadata), **self.stop[1]) if self.stop else ""
 
     def notebook(self, i: int, path: Path) -> None:
         """Run notebook ``i`` (1-based) and add its result and its checks to the report."""
         where = f"[{i}/{len(self.selected.notebooks)}] {path.name}"
-        if self.stopper.signum and not self.stop_reason:
-            self.stop_reason = f"没有运行：这次运行被 {self.stopper.name} 停止"
-        if self.stop_reason:
+        if self.stopper.signum and not self.stop:
+            self.stop = ("runner.stopped", {"name": self.stopper.name})
+        if self.stop:
             self.not_run(path)
-            print(f"{where}: not run ({self.stop_reason})")
+            print(f"{where}: not run ({self.stop_reason(path)})")
             return
         nb_params = self.selected.params_for(path, self.run_root)
         out_path = self.output_dir / path.name
@@ -359,13 +359,13 @@ class _Run:
         print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
         if error and not self.stopper.signum and not self.info.healthy:
             problem = next(p for p in self.info.problems if p.blocking)
-            self.stop_reason = f"没有运行：环境有问题（{problem.what}）；修复：{problem.fix}"
+            self.stop = ("runner.broken_setup", {"what": problem.what, "fix": problem.fix})
 
     def not_run(self, path: Path) -> None:
-        rel = path.name
-        self.report.notebooks.append(NotebookResult(rel, Status.NOT_RUN, error=self.stop_reason))
+        rel, reason = path.name, self.stop_reason(path)
+        self.report.notebooks.append(NotebookResult(rel, Status.NOT_RUN, error=reason))
         self.report.checks.extend(
-            CheckResult(c.id, Status.FAILED, rel, self.stop_reason, c.seed)
+            CheckResult(c.id, Status.FAILED, rel, reason, c.seed)
             for c in judge_checks(self.selected.sources[path], rel)
         )
 
@@ -398,12 +398,12 @@ class _Run:
 
     def explain(self, failure: Failure | None, executed) -> str:
         """The notebook's error as the report says it: what a stop signal did, cells that never ran."""
-        error = failure.summary() if failure else ""
+        error, lang = (failure.summary() if failure else ""), of_metadata(executed.metadata)
         if self.stopper.signum:
             where = failure.summary(name=failure.ename not in ("KeyboardInterrupt", "RunStopped")) if failure else ""
-            return f"被 {self.stopper.name} 停止：内核和它启动的进程都已结束" + (f"；{where}" if where else "")
+            return msg("runner.stopped_kernel", lang, name=self.stopper.name) + (msg("sep", lang) + where if where else "")
         if not error and (pending := unexecuted_cells(executed)):
-            return f"有 {len(pending)} 个单元格没有运行（第一个：单元格 {pending[0]}）；是不是有单元格调用了 sys.exit()？"
+            return msg("runner.cells_not_run", lang, n=len(pending), first=pending[0])
         return error
 
 
@@ -458,16 +458,20 @@ def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
     """Every seed id gets an entry: not in this run's notebooks -> skipped (not selected) or missing."""
     have = {c.id for c in report.checks}
     others: dict[str, str] = {}
-    for folder in {p.parent for p in notebooks}:
+    run = {p: nbformat.read(p, as_version=4) for p in notebooks}  # an unreadable notebook is an error, not "missing"
+    lang = of_metadata(next(iter(run.values())).metadata) if run else None
+    # an English notebook's series is notebooks/en/ and, where not yet translated, its Chinese twins' folder
+    folders = {p.parent for p in notebooks} | {p.parent.parent for p, nb in run.items() if of_metadata(nb.metadata) != "zh"}
+    for folder in sorted(folders):
         for p in sorted(set(folder.glob(SERIES_GLOB)) - set(notebooks)):
-            # an unreadable notebook is an error, not "missing" checks
             for cell in nbformat.read(p, as_version=4).cells:
                 for cid in check_ids(cell.get("metadata", {}).get("tags")):
                     others.setdefault(cid, p.name)
     for cid in (c for c in SEED_CHECKS if c not in have):
         if cid in others:
-            report.checks.append(CheckResult(cid, Status.SKIPPED, others[cid], f"未选中：这次没有运行 {others[cid]}", True))
+            reason = msg("runner.not_selected", lang, notebook=others[cid])
+            report.checks.append(CheckResult(cid, Status.SKIPPED, others[cid], reason, True))
         else:
-            report.checks.append(CheckResult(cid, Status.MISSING, "", f"没有哪个单元格带 check:{cid} 标签", True))
+            report.checks.append(CheckResult(cid, Status.MISSING, "", msg("runner.untagged", lang, check_id=cid), True))
     order = {cid: i for i, cid in enumerate(SEED_CHECKS)}
     report.checks.sort(key=lambda c: (order.get(c.id, len(order)), not c.seed))

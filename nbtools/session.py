@@ -18,11 +18,12 @@ from . import proctree, workdir
 from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo
 from .expected import parse_kv
 from .guarded import MARKER_ENV, stop_background
+from .lang import msg
 from .params import DEFAULT_TIMEOUT_S, validate
 from .plan import LaunchPlan
 from .workdir import cleanup, unattended
 
-NEEDS_REAL_NPU = "需要真实的 NPU"
+NEEDS_REAL_NPU = msg("session.needs_real_npu", "zh")  # the Chinese edition's words (only_on_npu uses the notebook's)
 
 _CURRENT: Session | None = None
 
@@ -48,7 +49,7 @@ class Expected:
     @property
     def on(self) -> str:
         """The ranks' devices as a learner reads them: "npu:0、npu:1"; "cpu" once."""
-        return "、".join(dict.fromkeys(self.devices))
+        return msg("list_sep").join(dict.fromkeys(self.devices))
 
     def assert_ran(self, output: str) -> None:
         """Fail, saying why, when the ranks in ``output`` report another route than this host's (the CPU stand-in
@@ -57,12 +58,12 @@ class Expected:
         ranks = {i: d.split(":")[0] if d.startswith("cpu") else d for i, d in re.findall(r"rank (\d+) of \d+ on ([a-z]+(?::\d+)?)", output)}
         want = {"world": str(self.world), "distributed_type": self.distributed_type, "backend": str(self.backend),
                 "device": self.kind}
-        assert ranks or want.keys() & kv.keys(), f"输出里没有 rank 报告的 {'、'.join(want)}：没有可以比较的内容"
-        wrong = [f"{k}={kv[k]}（应为 {v}）" for k, v in want.items() if k in kv and kv[k] != v]
+        sep = msg("list_sep")
+        assert ranks or want.keys() & kv.keys(), msg("session.no_rank_report", keys=sep.join(want))
+        wrong = [msg("session.wrong_value", key=k, got=kv[k], want=v) for k, v in want.items() if k in kv and kv[k] != v]
         if ranks and ranks != {str(i): d for i, d in enumerate(self.devices)}:
-            wrong.append(f"各 rank 的设备 {ranks}（应为 {list(self.devices)}）")
-        assert not wrong, (f"{self.where}，但 rank 报告 {'、'.join(wrong)}：这次启动没有走这台机器应走的路线"
-                           "（例如卡就在这里，却由 CPU 代跑），所以不能算通过")
+            wrong.append(msg("session.wrong_devices", ranks=ranks, want=list(self.devices)))
+        assert not wrong, msg("session.wrong_route", where=self.where, wrong=sep.join(wrong))
 
 
 @dataclass
@@ -96,15 +97,14 @@ class Session:
         n = self.num_processes if n is None else n
         kind, count, name = self.device, self.info.count, self.device.upper()
         skip, ran = "", "cpu" if kind != "cpu" and count < n else kind
+        said = {"n": n, "count": count, "name": name, "backend": BACKENDS.get(kind), "dtype": DISTRIBUTED_TYPES.get(kind)}
         if ran != kind:
-            where = f"这台机器只看得见 {count} 张 {name}，要 {n} 个进程：按规则由 CPU 代跑（gloo）"
-            skip = (f"需要 {n} 张 {name}，这台只看得见 {count} 张：{n} 个进程的启动由 CPU 代跑，"
-                    f"证明不了 {BACKENDS[kind]}/{DISTRIBUTED_TYPES[kind]}（在有 {n} 张卡的机器上才算数）")
+            where, skip = msg("session.expect_fewer", **said), msg("session.skip_fewer", **said)
         elif kind == "cpu":
-            where = "这里没有 NPU/CUDA" if self.info.kind == "cpu" else f"在 {self.info.kind.upper()} 机器上要了 device='cpu'"
-            where += f"：{n} 个进程应当是 CPU 上的 gloo 进程组"
+            where = msg("session.no_accelerator") if self.info.kind == "cpu" else msg("session.cpu_asked", kind=self.info.kind.upper())
+            where += msg("session.expect_gloo", n=n)
         else:
-            where = f"这台机器看得见 {count} 张 {name}：{n} 个进程应当在卡上运行，用 {BACKENDS[kind]}/{DISTRIBUTED_TYPES[kind]}"
+            where = msg("session.expect_cards", **said)
         devices = [ran] * n if ran == "cpu" or n == 1 else [f"{ran}:{i}" for i in range(n)]
         return Expected(n, ran, DISTRIBUTED_TYPES[ran] if n > 1 else "NO", BACKENDS[ran] if n > 1 else None,
                         tuple(devices), where, skip)
@@ -118,8 +118,8 @@ class Session:
         if self.info.real_npu:
             return None
         if self.info.kind == "npu":
-            return f"{NEEDS_REAL_NPU}（这里的 NPU 是在 CPU 上模拟的）：{what}"
-        return f"只在 NPU 上检查：{what}"
+            return msg("session.simulated_skip", needs=msg("session.needs_real_npu"), what=what)
+        return msg("session.only_on_npu", what=what)
 
     def time_limit(self, what: str):
         """``with S.time_limit("notebook_launcher"): notebook_launcher(...)``: a call that forks ranks inside
@@ -139,38 +139,31 @@ class Session:
     def platform_lines(self) -> list[str]:
         """What the setup cell prints, in the learner's language (the device label and versions stay as the CLI has them)."""
         info = self.info
-        if info.kind == "npu" and info.simulated:
-            first = (f"平台：{info.label} —— 在 CPU 上模拟的 NPU：证明代码路径与连线（torch_npu、torch.npu、hccl、MULTI_NPU），"
-                     f"不证明硬件；只有真卡才能回答的检查记为 skipped（{NEEDS_REAL_NPU}）")
-        elif info.kind == "npu":
-            first = f"平台：{info.label} —— 《快速开始》的平台：每项检查都真实运行"
-        elif info.kind == "cuda":
-            first = f"平台：{info.label} —— 此处不检查：torch_npu、CANN、hccl（由 nccl 代替 hccl）"
-        else:
-            first = "平台：CPU 代跑 —— 没有 NPU/CUDA；不检查：torch_npu、CANN、hccl、设备内存（由 gloo 代替 hccl）"
-        lines = [first, "版本：" + info.versions_line().split(": ", 1)[1]]
-        lines += [f"PROBLEM（问题）：{p.what} —— 修复：{p.fix}" for p in info.problems]
-        lines.append(f"启动计划：{self.plan.note}")
-        lines.append(f"工作文件夹：{self.work}（在终端里 cd 到这里，就能重跑这些命令）")
+        which = "simulated" if info.kind == "npu" and info.simulated else info.kind
+        lines = [msg(f"session.platform_{which}", label=info.label, needs=msg("session.needs_real_npu")),
+                 msg("session.versions", versions=info.versions_line().split(": ", 1)[1])]
+        lines += [msg("session.problem", what=p.what, fix=p.fix) for p in info.problems]
+        lines.append(msg("session.plan", note=self.plan.note))
+        lines.append(msg("session.work", work=self.work))
         return lines
 
     def close(self) -> None:
         """Back to the original cwd; remove the work folder if nbtools made it and it is not kept."""
         global _CURRENT
         if self.closed:
-            print(f"会话已经关闭；当前目录 {Path.cwd()}")
+            print(msg("session.closed_already", cwd=Path.cwd()))
             return
         self.closed = True
         if _CURRENT is self:
             _CURRENT = None
         for pid in stop_launches():
-            print(f"停止了一个仍在运行的后台启动（它的守护进程 pid 为 {pid}）")
+            print(msg("session.stopped_background", pid=pid))
         try:
             os.chdir(self.origin)
-            back = f"当前目录已回到 {self.origin}"
+            back = msg("session.back", origin=self.origin)
         except OSError as exc:
-            back = f"当前目录没有恢复（{exc}）"
-        print(f"{cleanup(self.work, self.keep_work_dir)}；{back}")
+            back = msg("session.not_back", error=exc)
+        print(cleanup(self.work, self.keep_work_dir) + msg("sep") + back)
 
     def __repr__(self) -> str:
         return (f"Session(device={self.device!r}, num_processes={self.num_processes}, plan={self.plan.kind}/"

@@ -30,9 +30,9 @@ DEFAULT_CARDS = 2
 
 
 
-def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Mapping[str, str] | None = None, torch_npu: str | None = None) -> dict[str, str]:
     """The variables to set (on top of ``environ``, default os.environ) so that every process started
-    from here sees ``cards`` simulated NPUs of type ``soc``."""
+    from here sees ``cards`` simulated NPUs of type ``soc``, with torch_npu ``torch_npu``'s names."""
     environ = os.environ if environ is None else environ
     if not isinstance(cards, int) or isinstance(cards, bool) or not 1 <= cards <= 16:
         raise ParameterError(f"--npu-cards {cards!r}: expected a number of cards from 1 to 16")
@@ -45,8 +45,8 @@ def environment(cards: int = DEFAULT_CARDS, soc: str = DEFAULT_SOC, environ: Map
         )
     if not os.access(SIMNPU_ROOT / "bin" / "npu-smi", os.X_OK):  # unpacked from a zip (python -m zipfile): no x bit
         (SIMNPU_ROOT / "bin" / "npu-smi").chmod(0o755)
-    return {
-        "PYTHONPATH": in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH")),
+    return {  # torch_npu 2.14.0: simnpu/site-2.14.0 (its dist-info, which the stand-in reads its release from) in front
+        "PYTHONPATH": os.pathsep.join([*[str(SIMNPU_ROOT / f"site-{torch_npu}")] * (SIMNPU_ROOT / f"site-{torch_npu}").is_dir(), in_front(SIMNPU_ROOT / "site", environ.get("PYTHONPATH"))]),
         "PATH": in_front(SIMNPU_ROOT / "bin", environ.get("PATH")),
         "SIMNPU_CARDS": str(cards),
         "SIMNPU_SOC": soc,

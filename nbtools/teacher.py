@@ -75,6 +75,7 @@ from packaging.requirements import Requirement
 from .checks import SEED_CHECKS, Status, check_ids
 from .doctor import REQUIREMENTS, series_requirements
 from .errors import ParameterError
+from .lang import msg, of_metadata
 from .runner import default_notebooks_dir
 from .versions import direct_url
 
@@ -147,34 +148,42 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
     return problems, claims
 
 
-_EXERCISE = re.compile(r"^### 练习 (\d+)", re.M)  # one exercise per markdown cell, right after what it practises
 _FENCE = re.compile(r"^[ \t]*```[\w-]*\n(.*?)^[ \t]*```", re.M | re.S)
 _FOLDED = re.compile(r"<details>.*?</details>", re.S)
-HINT_SUMMARY, ANSWER_SUMMARY = "<summary>提示</summary>", "<summary>答案</summary>"
 PROSE_LIMIT = 10_000  # characters of markdown a learner reads, outside the folded hints and answers
+# the same reading in English takes about twice the characters (the English edition's twins: 1.8 to 2.0 times)
+PROSE_LIMITS = {"zh": PROSE_LIMIT, "en": 2 * PROSE_LIMIT}
+
+
+def _words(lang: str) -> tuple[str, str, str]:
+    """An exercise's heading word (``### 练习 N``; ``### Exercise N`` in English), its hint's and answer's summaries."""
+    word, hint, answer = (msg(f"teacher.{k}", lang) for k in ("exercise", "hint", "answer"))
+    return word, f"<summary>{hint}</summary>", f"<summary>{answer}</summary>"
 
 
 def exercise_cells(nb) -> list[tuple[int, int]]:
-    """(exercise number, cell index) of every exercise cell: a markdown cell that starts ``### 练习 N``."""
+    """(exercise number, cell index) of every exercise cell: a markdown cell that starts ``### 练习 N``
+    (``### Exercise N`` in an English notebook: nbtools.lang)."""
+    heading = re.compile(rf"^### {_words(of_metadata(nb.metadata))[0]} (\d+)", re.M)
     return [(int(m.group(1)), i) for i, c in enumerate(nb.cells)
-            if c.cell_type == "markdown" and (m := _EXERCISE.match(c.source))]
+            if c.cell_type == "markdown" and (m := heading.match(c.source))]
 
 
 def exercise_problems(nb) -> list[str]:
     """Each exercise is its own markdown cell (``### 练习 N``, numbered 1, 2, ... in order) with its folded
     hint and answer, sharing the cell with no section, followed by an empty code cell to work in."""
-    found = exercise_cells(nb)
+    found, (word, *summaries) = exercise_cells(nb), _words(of_metadata(nb.metadata))
     if not found:
-        return ["no exercise: a markdown cell starting '### 练习 1' after the section it practises"]
+        return [f"no exercise: a markdown cell starting '### {word} 1' after the section it practises"]
     out = []
     if [n for n, _ in found] != list(range(1, len(found) + 1)):
         out.append(f"exercises numbered {[n for n, _ in found]}, expected 1 to {len(found)} in order")
     for number, i in found:
         source = nb.cells[i].source
-        if missing := [s for s in (HINT_SUMMARY, ANSWER_SUMMARY) if s not in source]:
+        if missing := [s for s in summaries if s not in source]:
             out.append(f"exercise {number} has no {' / '.join(missing)} below it (a collapsed <details> block)")
         shown = _FOLDED.sub("", source)  # a `# comment` inside a folded answer's code is not a heading
-        if len(_EXERCISE.findall(shown)) > 1 or re.search(r"^#{1,3} (?!练习)", shown, re.M):
+        if len(re.findall(rf"^### {word} \d", shown, re.M)) > 1 or re.search(rf"^#{{1,3}} (?!{word})", shown, re.M):
             out.append(f"exercise {number} shares its cell with another exercise or a section: one exercise per cell")
         after = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
         if after is None or after.cell_type != "code" or after.source.strip():
@@ -182,8 +191,9 @@ def exercise_problems(nb) -> list[str]:
     if orphans := [i for i, c in enumerate(nb.cells) if c.get("metadata", {}).get("nbtools", {}).get("answers")
                    and i not in {i for _, i in found}]:
         out.append(f"cells {orphans} carry nbtools.answers but are no exercise cell: `nbtools answers` never runs them")
-    if (chars := sum(len(_FOLDED.sub("", c.source)) for c in nb.cells if c.cell_type == "markdown")) > PROSE_LIMIT:
-        out.append(f"{chars:,} characters of prose outside the folded hints and answers (at most {PROSE_LIMIT:,}): "
+    limit = PROSE_LIMITS[of_metadata(nb.metadata)]
+    if (chars := sum(len(_FOLDED.sub("", c.source)) for c in nb.cells if c.cell_type == "markdown")) > limit:
+        out.append(f"{chars:,} characters of prose outside the folded hints and answers (at most {limit:,}): "
                    "cut, or move to the appendix")
     return out
 
@@ -218,6 +228,7 @@ def quote_problems(paths: list[Path], check_ids: set[str]) -> list[str]:
     produced = "\n".join(
         [c.source for p in paths for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code"]
         + [f.read_text(encoding="utf-8") for f in Path(__file__).parent.glob("*.py")]
+        + [f.read_text(encoding="utf-8") for f in Path(__file__).parent.glob("messages/*.json")]
     )
     prefixes = {cid.split("-")[0] for cid in check_ids}
     problems = []
@@ -251,14 +262,15 @@ class Answer:
 
     @property
     def name(self) -> str:
-        return f"{self.notebook.stem} 练习 {self.exercise}"
+        return f"{self.notebook.stem} exercise {self.exercise}"
 
 
-def answer_blocks(exercise_md: str) -> list[str]:
+def answer_blocks(exercise_md: str, lang: str = "zh") -> list[str]:
     """The fenced code blocks of an exercise's answer, dedented as a learner copies them."""
-    if ANSWER_SUMMARY not in exercise_md:
-        raise ParameterError(f"the exercise has no {ANSWER_SUMMARY}")
-    answer = exercise_md.split(ANSWER_SUMMARY, 1)[1].split("</details>", 1)[0]  # not a fence after the fold
+    summary = _words(lang)[2]
+    if summary not in exercise_md:
+        raise ParameterError(f"the exercise has no {summary}")
+    answer = exercise_md.split(summary, 1)[1].split("</details>", 1)[0]  # not a fence after the fold
     return [textwrap.dedent(m.group(1)).rstrip("\n") + "\n" for m in _FENCE.finditer(answer)]
 
 
@@ -344,7 +356,7 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
                 answer = Answer(path, number, spec)
                 variant = nbformat.read(path, as_version=4)
                 try:
-                    apply(variant, spec, answer_blocks(cell.source))
+                    apply(variant, spec, answer_blocks(cell.source, of_metadata(nb.metadata)))
                     lesson = nbformat.read(path, as_version=4)
                     apply(lesson, {"params": spec.get("params")}, [])  # the learner's parameters hold for the first run too
                     same_kernel(lesson, variant, spec, index)

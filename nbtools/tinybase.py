@@ -72,17 +72,21 @@ def save_base(out: str, texts: list[str], *, arch: str = "llama", seed: int = 0,
 
 
 def lesson_scripts(lesson: str, *names: str) -> None:
-    """Write the ``%%writefile`` cells of ``notebooks/<lesson>.ipynb`` that save ``names`` into the current folder."""
+    """Write the ``%%writefile`` cells of ``notebooks/<lesson>.ipynb`` that save ``names`` into the current folder
+    (``notebooks/en/<lesson>.ipynb``'s in an English notebook)."""
     import nbformat
 
     from .errors import ParameterError
+    from .lang import DEFAULT, current, msg
 
-    # the series' own notebooks, beside the package (installed with `pip install -e .`)
-    cells = nbformat.read(Path(__file__).resolve().parent.parent / "notebooks" / f"{lesson}.ipynb", as_version=4).cells
+    # the series' own notebooks, beside the package (installed with `pip install -e .`), in the learner's language
+    folder = Path(__file__).resolve().parent.parent / "notebooks"
+    folder = folder / current() if current() != DEFAULT and (folder / current() / f"{lesson}.ipynb").is_file() else folder
+    cells = nbformat.read(folder / f"{lesson}.ipynb", as_version=4).cells
     found = {c.source.split("\n", 1)[0].split()[-1]: c.source.split("\n", 1)[1] for c in cells
              if c.cell_type == "code" and c.source.startswith("%%writefile ")}
     if missing := [n for n in names if n not in found]:
-        raise ParameterError(f"{lesson} 里没有写出 {', '.join(missing)} 的 %%writefile 单元格")
+        raise ParameterError(msg("tinybase.missing", lesson=lesson, names=", ".join(missing)))
     for name in names:
         Path(name).write_text(found[name] + "\n", encoding="utf-8")
-        print(f"写出了 {name}（{len(found[name].splitlines())} 行，与 {lesson} 里的那一格相同）")
+        print(msg("tinybase.wrote", name=name, lines=len(found[name].splitlines()), lesson=lesson))

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import ParameterError
+from .lang import msg
 
 _CREATED: set[Path] = set()  # work dirs this process created: the only ones it may remove
 _PERSISTENT: set[Path] = set()  # interactive work folders: kept so a learner can rerun the commands in a terminal
@@ -102,11 +103,11 @@ def cleanup(path: str | os.PathLike, keep: bool = False) -> str:
     """Remove the work dir unless ``keep``, persistent, or it existed before; returns what was done."""
     p = Path(path).resolve()
     if keep:
-        return f"工作文件夹已保留：{p}"
+        return msg("workdir.kept", path=p)
     if p in _PERSISTENT:
-        return f"工作文件夹已保留（交互使用：在终端里 cd 到这里，就能重跑这些命令）：{p}"
+        return msg("workdir.kept_interactive", path=p)
     if p not in _CREATED:
-        return f"工作文件夹原样留下（它在本 notebook 之前就已存在，可能有你的文件）：{p}"
+        return msg("workdir.left", path=p)
     shutil.rmtree(p, ignore_errors=True)
     _CREATED.discard(p)
-    return f"工作文件夹已删除：{p}"
+    return msg("workdir.removed", path=p)

@@ -97,12 +97,23 @@ IN_CI = os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
 def ci_output(name: str) -> Path | None:
     """The output folder of the README command that wrote ``nbtools-output/<name>`` before the tests in CI (.ci/run's
     order: series, series-simulated-npu, simulated-310p, answers, ...), if its report is newer than everything it ran
-    (notebooks, nbtools, simnpu); else None, and the test makes a run of its own that proves the same."""
+    (notebooks, nbtools, simnpu): the one freshness rule; else None, and the test makes a run of its own that proves
+    the same (or, with ``required_ci_output``, skips outside CI)."""
     folder = Path(ROOT, "nbtools-output", name)
     report = folder / "report.json"
-    sources = [*Path(NOTEBOOKS).glob("*.ipynb"), *Path(ROOT, "nbtools").glob("*.py"), *Path(ROOT, "simnpu", "site").rglob("*.py")]
+    sources = [*Path(NOTEBOOKS).rglob("*.ipynb"), *Path(ROOT, "nbtools").glob("*.py"), *Path(ROOT, "simnpu", "site").rglob("*.py")]
     if not report.is_file() or report.stat().st_mtime < max(f.stat().st_mtime for f in sources):
         return None
+    return folder
+
+
+def required_ci_output(name: str, command: str) -> Path:
+    """``ci_output(name)``, which a test cannot do without: outside CI it skips (saying which README command makes
+    it), in CI it fails."""
+    folder = ci_output(name)
+    if folder is None:
+        skip_outside_ci(f"no fresh report in nbtools-output/{name} (missing, or older than the notebooks, nbtools or "
+                        f"simnpu): run the README's ci:{command} command first")
     return folder
 
 

@@ -138,7 +138,7 @@ def test_an_answer_for_accelerators_only_is_left_out_on_a_cpu(tmp_path):
     specs = [(n, s) for n, i in exercise_cells(nb) for s in nb.cells[i].metadata.get("nbtools", {}).get("answers", [])]
     assert specs and all("cpu" not in s.get("devices", ["cpu"]) for _, s in specs), specs  # every one for accelerators
     assert run_answers(sharding, tmp_path, kernel="python3", timeout=1, log=said.append, kind="cpu") == []
-    assert [line.split(" (")[0] for line in said] == [f"not run here: 08_sharding 练习 {n}" for n, _ in specs]
+    assert [line.split(" (")[0] for line in said] == [f"not run here: 08_sharding exercise {n}" for n, _ in specs]
 
 
 def test_the_readme_counts_the_exercises_and_the_answers_that_run():

@@ -189,8 +189,8 @@ def test_the_image_installs_the_repository_with_deepspeed_through_the_installer(
     assert "ARG BASE" in lines and lines.index("ARG BASE") < lines.index("FROM ${BASE}")  # no default: --build-arg
     copied_to = re.search(r"^COPY \. (\S+)$", text, re.M).group(1)  # the repository itself
     runs = [line for line in lines if line.startswith("RUN ")]
-    npu = next(i for i, r in enumerate(runs) if "pip install" in r and "-r requirements-npu.txt" in r)
-    kit = next(i for i, r in enumerate(runs) if "tools/install.py" in r)
+    npu = next(i for i, r in enumerate(runs) if "tools/install.py --npu" in r)  # the pair, for this machine
+    kit = next(i for i, r in enumerate(runs) if "tools/install.py" in r and "--npu" not in r)
     assert npu < kit and all(f"-r {f}" in runs[kit] for f in ("requirements.txt", "requirements-deepspeed.txt"))
     assert all("${PIP_ARGS}" in runs[i] for i in (npu, kit)), runs
     assert f"WORKDIR {copied_to}" in lines[lines.index(f"COPY . {copied_to}"):lines.index(runs[npu])]

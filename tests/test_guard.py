@@ -42,9 +42,6 @@ ENTRY_FIELDS = {*REQUIRED, "source", *OPTIONAL_STRINGS, OPTIONAL_LIST, *MATRIX_O
 SETUP_ENV = {"PROFILE": "profile", "EXAMPLE_PATH": "path", "EXEC": "exec"}  # the setup step's env (matrix.example.X)
 RUN_ENV = {"EXAMPLE_PATH": "path", "EXAMPLE_SOURCE": "source || 'upstream'", "EXEC": "exec",
            "LAUNCHER": "launcher || ''", "PROFILE": "profile", "OVERLAY_ARGS": "toJSON(overlay_args)"}  # the run step's
-RESULT = {"required": ["trigger", "target_repo", "target_ref", "path", "image", "job_status"],
-          "job_status": ["success", "failure", "cancelled"], "source": ["upstream", "project"],
-          "target_repo": "^[^/]+/[^/]+$", "min_length_1": ["target_ref", "path", "image"]}  # result.schema.json
 
 
 def guard_errors(entry: dict, target_root: Path, project_root: Path) -> list[str]:
@@ -110,12 +107,24 @@ def test_the_guards_check_passes_every_entry_and_fails_broken_ones():
         assert guard_errors({**good, **broken}, Path(ROOT), GUARD), broken
 
 
-def test_the_result_schema_here_is_the_guards():
-    assert RESULT_SCHEMA["required"] == RESULT["required"]
-    props = RESULT_SCHEMA["properties"]
-    assert props["job_status"]["enum"] == RESULT["job_status"] and props["source"]["enum"] == RESULT["source"]
-    assert props["target_repo"]["pattern"] == RESULT["target_repo"]
-    assert all(props[f]["minLength"] == 1 for f in RESULT["min_length_1"])
+@pytest.mark.parametrize("stopped_by, ok, status", [("", True, "success"), ("", False, "failure"),
+                                                     ("SIGTERM", True, "cancelled")])
+def test_what_nbtools_writes_as_result_json_is_valid_for_the_guard(stopped_by, ok, status):
+    """report.result_record (what every run writes) against the guard's schema (conftest.RESULT_SCHEMA, its one
+    transcription), for each outcome, with the guard's fields from the environment and without them."""
+    from nbtools.checks import Status
+    from nbtools.report import result_record
+    from nbtools.run_results import NotebookResult, RunReport
+
+    nb = NotebookResult(path="notebooks/01_training.ipynb", status=Status.PASSED if ok else Status.FAILED)
+    report = RunReport(device={"kind": "cpu", "count": 0}, notebooks=[nb], stopped_by=stopped_by)
+    for environ in ({}, {"RESULT_IMAGE": IMAGE, "GITHUB_REPOSITORY": "Ascend/docs", "RESULT_SOURCE": "project"}):
+        record = result_record(report, environ)
+        jsonschema.validate(record, RESULT_SCHEMA)
+        assert record["job_status"] == status
+    for broken in ({"job_status": "passed"}, {"target_repo": "docs"}, {"image": ""}, {"source": "elsewhere"}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**record, **broken}, RESULT_SCHEMA)
 
 
 def test_each_entry_has_the_runner_timeout_profile_and_image_its_notebook_needs():

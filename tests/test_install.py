@@ -6,18 +6,25 @@ packages are outside the learner's venv. Two images:
 - an old ModelArts-like one (Python 3.11, torch 2.5.1 + torch_npu 2.5.1): refused in one sentence, nothing
   installed; a plain `pip install -r requirements-learner.txt` there would replace its torch (the control);
 - the quick-start's (Python 3.12, torch 2.9.0 + torch_npu 2.9.0.post2): installs, and keeps them.
+A bare-metal Ascend host (no torch) is a venv of this Python, offline: `--npu` installs the pair from local indexes of
+metadata-only wheels whose Requires-Dist is the real wheels' (x86_64: torch_npu asks for torch==2.9.0+cpu), the
+machine stood in for by NBTOOLS_INSTALL_MACHINE.
 The floors themselves are held to what CI runs (README's ci: commands).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import sysconfig
+import zipfile
 from pathlib import Path
+from urllib.parse import quote
 
 from conftest import ROOT, skip_outside_ci
 from packaging.requirements import Requirement
@@ -200,17 +207,26 @@ def _installer():
 
 
 def test_npu_brings_the_quickstarts_pair_or_the_torch_npu_of_the_torch_there():
-    """--npu (examples-guards' setup_example.sh): nothing where torch_npu is there; requirements-npu.txt where neither
-    is; with torch alone, the torch_npu of that torch release (requirements-npu.txt's pin for the quick-start's torch)."""
+    """--npu (examples-guards' setup_example.sh): nothing where torch_npu is there; where neither is, requirements-npu.txt's
+    pair for the machine (x86_64: torch 2.9.0+cpu first, from PyTorch's CPU index) and requirements.txt; with torch
+    alone, the torch_npu of that torch release (requirements-npu.txt's pin for the quick-start's torch)."""
     install = _installer()
-    pins = dict(re.findall(r"^(torch|torch_npu)==(\S+)$", Path(ROOT, "requirements-npu.txt").read_text(), re.M))
-    assert pins == {"torch": "2.9.0", "torch_npu": "2.9.0.post2"}  # the quick-start's pair
-    cases = {(): ["-r", install.NPU], ("2.9.0",): [f"torch_npu=={pins['torch_npu']}"],
-             ("2.9.0+cpu",): [f"torch_npu=={pins['torch_npu']}"], ("2.8.0",): ["torch_npu==2.8.0.*"],
-             ("2.9.0", "2.9.0.post9"): [], ("2.14.1", "2.14.0"): []}
-    for versions, want in cases.items():
+    text = Path(ROOT, "requirements-npu.txt").read_text()
+    pins = re.findall(r"^(torch|torch_npu)==(\S+?)(?:; platform_machine == \"(\w+)\")?$", text, re.M)
+    assert pins == [("torch", "2.9.0", "aarch64"), ("torch", "2.9.0+cpu", "x86_64"), ("torch_npu", "2.9.0.post2", "")]
+    assert {m: install.npu_pins(m) for m in ("x86_64", "aarch64")} == {
+        "x86_64": {"torch": "2.9.0+cpu", "torch_npu": "2.9.0.post2"}, "aarch64": {"torch": "2.9.0", "torch_npu": "2.9.0.post2"}}
+    series = ["-r", install.SERIES]
+    cases = {((), "x86_64"): ("torch==2.9.0+cpu", ["torch_npu==2.9.0.post2", *series]),
+             ((), "aarch64"): (None, ["torch==2.9.0", "torch_npu==2.9.0.post2", *series])}
+    for machine in ("x86_64", "aarch64"):
+        cases.update({(("2.9.0",), machine): (None, ["torch_npu==2.9.0.post2"]),
+                      (("2.9.0+cpu",), machine): (None, ["torch_npu==2.9.0.post2"]),
+                      (("2.8.0",), machine): (None, ["torch_npu==2.8.0.*"]),
+                      (("2.9.0", "2.9.0.post9"), machine): (None, []), (("2.14.1", "2.14.0"), machine): (None, [])})
+    for (versions, machine), want in cases.items():
         held = dict(zip(("torch", "torch-npu"), versions))
-        assert install.npu_args(held, floors) == want, held
+        assert install.npu_plan(held, floors, machine) == want, (held, machine)
 
 
 def test_npu_on_an_image_with_torch_alone_installs_its_torch_npu_and_keeps_torch(tmp_path):
@@ -227,3 +243,91 @@ def test_npu_on_an_image_with_torch_alone_installs_its_torch_npu_and_keeps_torch
     names = {i["metadata"]["name"].lower().replace("_", "-"): i["metadata"]["version"] for i in plan}
     assert names.get("torch-npu") == "2.9.0.post2" and "torch" not in names, names
     assert versions("python", env, "torch", "torch-npu") == {"torch": "2.9.0+cpu", "torch-npu": None}
+
+
+def _fake_wheel(index: Path, name: str, version: str, *requires: str) -> None:
+    """A wheel of metadata only (all pip resolves and importlib.metadata reads) in a PEP 503 index folder, with the
+    project's index.html listing what is there."""
+    dist, project = f"{name}-{version}.dist-info", index / name.lower().replace("_", "-")
+    files = {f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+             + "".join(f"Requires-Dist: {r}\n" for r in requires),
+             f"{dist}/WHEEL": "Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{dist}/RECORD"] = "".join(f"{n},,\n" for n in [*files, f"{dist}/RECORD"])
+    project.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(project / f"{name}-{version}-py3-none-any.whl", "w") as z:
+        for n, text in files.items():
+            z.writestr(n, text)
+    links = "".join(f'<a href="{quote(w.name)}">{w.name}</a>\n' for w in sorted(project.glob("*.whl")))
+    (project / "index.html").write_text(f"<html><body>\n{links}</body></html>\n")
+
+
+def bare_host(tmp_path: Path, machine: str) -> tuple[dict[str, str], Path, Path]:
+    """A bare-metal Ascend host of ``machine`` with no torch, offline: a venv of this Python whose lessons' libraries are
+    this test environment's (on PYTHONPATH, less torch and its CUDA wheels), a local "PyPI" holding PyPI's torch 2.9.0
+    and torch_npu 2.9.0.post2 as that machine's wheel declares it (x86_64: torch==2.9.0+cpu), and a local "PyTorch CPU
+    index" holding torch 2.9.0+cpu. Returns the shell's environment and the two index folders."""
+    libs, pypi, cpu = tmp_path / "libs", tmp_path / "pypi", tmp_path / "pytorch-cpu"
+    libs.mkdir()
+    for site in {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}:
+        for entry in Path(site).iterdir():
+            if not re.match(r"(torch|functorch|triton|nvidia|distutils-precedence|__editable__)", entry.name, re.I):
+                with contextlib.suppress(FileExistsError):
+                    (libs / entry.name).symlink_to(entry)
+    if not (libs / "setuptools").exists():
+        skip_outside_ci("no setuptools in this environment: the stand-in host builds the series without an index")
+    _fake_wheel(pypi, "torch", "2.9.0")
+    _fake_wheel(pypi, "torch_npu", "2.9.0.post2", "torch==2.9.0+cpu" if machine == "x86_64" else "torch==2.9.0")
+    _fake_wheel(cpu, "torch", "2.9.0+cpu")
+    venv = tmp_path / "host"  # without pip: this environment's pip (on PYTHONPATH) installs into the venv
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHON", "PIP_"))}
+    env.update(PATH=f"{venv / 'bin'}{os.pathsep}{env['PATH']}", PYTHONPATH=str(libs), NBTOOLS_INSTALL_MACHINE=machine,
+               PIP_CONFIG_FILE=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1", PIP_COMPILE="0")
+    return env, pypi, cpu
+
+
+def _install_npu(env: dict[str, str], pypi: Path, cpu: str) -> subprocess.CompletedProcess:
+    return shell(f"python tools/install.py --npu --torch-index {cpu} --index-url {pypi.as_uri()} --no-build-isolation",
+                 env, timeout=300)
+
+
+def test_npu_on_a_bare_x86_64_host_installs_torch_cpu_from_pytorchs_index_then_torch_npu(tmp_path):
+    """torch_npu 2.9.0.post2's x86_64 wheel requires torch==2.9.0+cpu, which PyPI's 2.9.0 does not satisfy (the control
+    below): --npu installs 2.9.0+cpu from PyTorch's CPU index (here a local one) first, then torch_npu from PyPI."""
+    env, pypi, cpu = bare_host(tmp_path, "x86_64")
+    control = shell(f"python -m pip install --dry-run --index-url {pypi.as_uri()} torch==2.9.0 torch_npu==2.9.0.post2", env)
+    assert control.returncode != 0 and "torch==2.9.0+cpu" in control.stdout + control.stderr, control.stdout + control.stderr
+    proc = _install_npu(env, pypi, cpu.as_uri())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert f"-m pip install --index-url {cpu.as_uri()} torch==2.9.0+cpu\n" in proc.stdout, proc.stdout[:1500]
+    assert "held at their installed versions: torch 2.9.0+cpu\n" in proc.stdout, proc.stdout[:1500]
+    assert "torch_npu missing, so also: torch_npu==2.9.0.post2 -r " in proc.stdout, proc.stdout[:1500]
+    assert versions("python", env, "torch", "torch-npu") == {"torch": "2.9.0+cpu", "torch-npu": "2.9.0.post2"}
+
+
+def test_npu_on_a_bare_aarch64_host_installs_pypis_torch(tmp_path):
+    """aarch64: torch_npu's wheel requires torch==2.9.0; --npu installs PyPI's, never asking PyTorch's index (whose
+    2.9.0+cpu would win a plain ==2.9.0: a local label sorts after the public version)."""
+    env, pypi, cpu = bare_host(tmp_path, "aarch64")
+    proc = _install_npu(env, pypi, cpu.as_uri())
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "torch_npu missing, so also: torch==2.9.0 torch_npu==2.9.0.post2 -r " in proc.stdout, proc.stdout[:1500]
+    assert cpu.as_uri() not in proc.stdout and "held at their installed versions: nothing" in proc.stdout, proc.stdout
+    assert versions("python", env, "torch", "torch-npu") == {"torch": "2.9.0", "torch-npu": "2.9.0.post2"}
+
+
+def test_npu_on_an_x86_64_host_that_cannot_reach_pytorchs_index_says_the_command_in_one_sentence(tmp_path):
+    env, pypi, cpu = bare_host(tmp_path, "x86_64")
+    proc = _install_npu(env, pypi, (tmp_path / "unreachable").as_uri())
+    said = [line for line in proc.stderr.splitlines() if line.startswith("tools/install.py:")]
+    assert proc.returncode == 1 and len(said) == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "`python -m pip install torch==2.9.0+cpu --index-url https://download.pytorch.org/whl/cpu`" in said[0], said
+    assert "then run `python tools/install.py --npu` again" in said[0], said
+    assert versions("python", env, "torch", "torch-npu") == {"torch": None, "torch-npu": None}
+
+
+def test_npu_on_a_machine_requirements_npu_has_no_torch_for_installs_nothing_and_says_so(tmp_path):
+    env, pypi, cpu = bare_host(tmp_path, "arm64")  # macOS' name; requirements-npu.txt names x86_64 and aarch64
+    proc = _install_npu(env, pypi, cpu.as_uri())
+    assert proc.returncode == 1 and "$ " not in proc.stdout and "Traceback" not in proc.stderr, proc.stdout + proc.stderr
+    assert proc.stderr.strip().endswith("this machine is arm64."), proc.stderr

@@ -10,7 +10,8 @@ from conftest import NOTEBOOKS
 
 from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, needs_of, verdict_in
 from nbtools.device import from_probe
-from nbtools.runner import NO_VERDICT, here_for, judge_checks
+from nbtools.lang import msg
+from nbtools.runner import here_for, judge_checks
 
 CPU = Here("cpu")
 SIM_NPU = Here("npu", 2, simulated=True)
@@ -18,24 +19,27 @@ ONE_NPU = Here("npu", 1)
 REAL_NPU = Here("npu", 8)
 SIM_310P = Here("npu", 2, simulated=True, bf16=False)
 CUDA = Here("cuda", 1)
+THREE_OF_2 = Here("npu", 2, processes=3)  # a 3-rank job on a 2-card host: the CPU route (fewer cards than ranks)
+ONE_OF_1 = Here("npu", 1, processes=1)  # a 1-rank job on a 1-card host: the card, not the CPU
+HOSTS = {CPU, SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA, THREE_OF_2, ONE_OF_1}
 
 
 @pytest.mark.parametrize("need, met_on", [
-    ("npu", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P}),
-    ("real-npu", {ONE_NPU, REAL_NPU}),
-    ("accelerator", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}),
-    ("cpu", {CPU, ONE_NPU, CUDA}),  # the launches take the CPU route: 2 processes, fewer cards (08b's CPU traps)
-    ("processes=2", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}),  # num_processes >= 2 (default 2)
-    ("cards=2", {CPU, SIM_NPU, REAL_NPU, SIM_310P}),  # a plain CPU meets it; one card does not
+    ("npu", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, THREE_OF_2, ONE_OF_1}),
+    ("real-npu", {ONE_NPU, REAL_NPU, THREE_OF_2, ONE_OF_1}),
+    ("accelerator", {SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA, THREE_OF_2, ONE_OF_1}),
+    # the launches take the CPU route: fewer cards than ranks (08b's CPU traps), whatever the count of ranks
+    ("cpu", {CPU, ONE_NPU, CUDA, THREE_OF_2}),
+    ("processes=2", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA, THREE_OF_2}),  # num_processes >= 2
+    ("cards=2", {CPU, SIM_NPU, REAL_NPU, SIM_310P, THREE_OF_2}),  # a plain CPU meets it; one card does not
     ("cards=8", {CPU, REAL_NPU}),
-    ("bf16", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, CUDA}),
+    ("bf16", {CPU, SIM_NPU, ONE_NPU, REAL_NPU, CUDA, THREE_OF_2, ONE_OF_1}),
     ("network", set()),
     ("deepspeed", set()),
     ("param=accelerate_ref", set()),
 ])
 def test_each_need_is_met_where_the_vocabulary_says(need, met_on):
-    hosts = {CPU, SIM_NPU, ONE_NPU, REAL_NPU, SIM_310P, CUDA}
-    assert {h for h in hosts if h.meets(need)} == met_on
+    assert {h for h in HOSTS if h.meets(need)} == met_on
 
 
 def test_flipping_one_need_flips_the_expected_status():
@@ -106,7 +110,7 @@ def test_a_verdict_is_the_displayed_data_for_the_cells_own_id(outputs, want):
     assert verdict_in(outputs, "a") == want
     cell = nbformat.v4.new_code_cell("", metadata={"tags": ["check:a"]}, execution_count=1, outputs=outputs)
     (got,) = judge_checks(nbformat.v4.new_notebook(cells=[cell]), "x.ipynb")
-    assert (got.status, got.reason) == (want or (Status.FAILED, NO_VERDICT.format("a")))
+    assert (got.status, got.reason) == (want or (Status.FAILED, msg("runner.no_verdict", "zh", check_id="a")))
 
 
 def test_every_needs_tag_of_the_series_is_in_the_vocabulary():

@@ -143,6 +143,10 @@ def test_the_default_count_has_one_source(in_session, tmp_path, monkeypatch):
                 assert "--num_processes 3 " in line, (name, line)
     finally:
         s.close()
+    # and with no session open (a script or the CLI outside a notebook): the same one default, said as the default
+    assert session.current() is None
+    spec = launcher.launch_spec(commands.parse_launch("accelerate launch t.py"), info=info(SIM8), cwd=tmp_path)
+    assert spec.plan.num_processes == 3 and "用 3 个进程（默认）" in spec.why, spec.why
 
 
 def test_the_precision_list_has_one_source(in_session, tmp_path, monkeypatch):
@@ -177,10 +181,13 @@ def test_no_other_module_builds_an_accelerate_launch_argv():
             continue
         tree = ast.parse(path.read_text(encoding="utf-8"))
         compared = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Compare) for c in node.comparators}
+        # a name bound to "accelerate" (or to anything that names it) stands for the program: `prog = "accelerate"`
+        aliases = {t.id for node in ast.walk(tree) if isinstance(node, ast.Assign) and "accelerate" in
+                   ast.unparse(node.value) for t in node.targets if isinstance(t, ast.Name)}
         for node in ast.walk(tree):
             if isinstance(node, (ast.List, ast.Tuple)) and id(node) not in compared:
                 words = [ast.unparse(e) for e in node.elts]
-                if "'launch'" in words and any("accelerate" in w for w in words):
+                if "'launch'" in words and any("accelerate" in w or w in aliases for w in words):
                     found.append(f"{path.name}:{node.lineno}")
             if isinstance(node, ast.FunctionDef) and not (path.name == "commands.py" and node.name == "command_here"):
                 if "executable('accelerate')" in ast.unparse(node).replace('"', "'"):

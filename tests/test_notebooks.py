@@ -10,7 +10,15 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT, isolated_prefix, on_its_own, skip_outside_ci, without_offline_env
+from conftest import (
+    NOTEBOOKS,
+    ROOT,
+    isolated_prefix,
+    on_its_own,
+    required_ci_output,
+    skip_outside_ci,
+    without_offline_env,
+)
 
 from nbtools import detect
 from nbtools.checks import SEED_CHECKS, Here, Status, check_ids, needs_of
@@ -29,19 +37,14 @@ def _git_status() -> str:
 # prove (no network, no Hugging Face offline switch, started from another folder, the work tree left
 # alone) is proven here on the notebooks that could reach the network: 00 installs packages, 07 loads a model with
 # from_pretrained (03 calls from_pretrained only on the checkpoint folder it has just written in its work folder).
-SERIES_REPORT = Path(ROOT) / "nbtools-output" / "series" / "report.json"
 OFFLINE_NOTEBOOKS = ("00_environment.ipynb", "07_lora_finetune.ipynb")
 
 
 @pytest.fixture(scope="module")
 def series_report():
     """The report of the README's `ci:series` run (`--output nbtools-output/series`)."""
-    if not SERIES_REPORT.is_file():
-        skip_outside_ci(f"no whole-series report at {SERIES_REPORT}: run the README's ci:series command first")
-    sources = [*Path(NOTEBOOKS).glob("*.ipynb"), *(Path(ROOT) / "nbtools").glob("*.py")]
-    if SERIES_REPORT.stat().st_mtime < max(f.stat().st_mtime for f in sources):
-        skip_outside_ci(f"{SERIES_REPORT} is older than the notebooks or nbtools: rerun the README's ci:series command")
-    return json.loads(SERIES_REPORT.read_text()), SERIES_REPORT.parent
+    out = required_ci_output("series", "series")
+    return json.loads((out / "report.json").read_text()), out
 
 
 def _save_tiny_llama(path: Path) -> None:

@@ -22,9 +22,9 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from nbtools import ParameterError, detect
 from nbtools.checks import SEED_CHECKS, VERDICT_MIME
 from nbtools.device import CACHE_ENV
+from nbtools.lang import msg
 from nbtools.params import convert_parameter, parse_params
 from nbtools.report import UNKNOWN
-from nbtools.runner import NO_VERDICT
 
 
 def make_nb(path: Path, cells: list[tuple[str, list[str]]]) -> Path:
@@ -156,7 +156,7 @@ def test_check_statuses(series):
         "reason": "needs the network", "seed": True,
     }
     for cid in ("extra-silent", "extra-printed", "extra-wrong-id"):
-        assert (by[cid]["status"], by[cid]["reason"]) == ("failed", NO_VERDICT.format(cid)), by[cid]
+        assert (by[cid]["status"], by[cid]["reason"]) == ("failed", msg("runner.no_verdict", "zh", check_id=cid)), by[cid]
     assert "extra-other-id" not in by  # a verdict counts for the id its cell is tagged with, nowhere else
     assert by["acc-launch"]["status"] == "failed" and "AssertionError" in by["acc-launch"]["reason"]
     assert by["acc-prepare"]["status"] == "failed" and "没有运行" in by["acc-prepare"]["reason"]

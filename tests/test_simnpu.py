@@ -26,7 +26,8 @@ if shutil.which("g++") is None and not os.environ.get("CXX"):
 SIMNPU = os.path.join(ROOT, "simnpu")
 SITE = os.path.join(SIMNPU, "site")
 NPU_SMI = os.path.join(SIMNPU, "bin", "npu-smi")
-API = os.path.join(SIMNPU, "api", "torch_npu-2.9.0.post2.json")
+API = os.path.join(SIMNPU, "api", "torch_npu-{}.json")   # per release the stand-in presents (SIMNPU_TORCH_NPU)
+RELEASES = ("2.9.0.post2", "2.14.0")
 BIN = os.path.dirname(sys.executable)
 
 GATHER = """\
@@ -533,7 +534,7 @@ def test_fork_after_npu_init_is_refused_like_torch_npu(work):
     assert r.stdout.count("Cannot re-initialize NPU in forked subprocess") >= 2, r.stdout   # the ranks too
 
 
-# ---- honest API: the stand-in defines only what the real torch_npu 2.9.0.post2 defines -----------
+# ---- honest API: the stand-in defines only what the real torch_npu (2.9.0.post2, or 2.14.0) defines --------
 DUMP = """
 import inspect, json, torch, torch_npu
 import torch.npu.amp, torch.npu.random
@@ -586,7 +587,7 @@ def _constant(text: str):
 
 
 def api_problems(dumped: dict, real: dict) -> list[str]:
-    problems = []
+    problems, release = [], real.get("version", "2.9.0.post2")
     for module, names in dumped.items():
         allowed = real["modules"].get(module)
         if allowed is None:
@@ -595,7 +596,7 @@ def api_problems(dumped: dict, real: dict) -> list[str]:
         for name, ours in names.items():
             theirs = allowed.get(name)
             if theirs is None:
-                problems.append(f"{module}.{name}: not in the real torch_npu 2.9.0.post2")
+                problems.append(f"{module}.{name}: not in the real torch_npu {release}")
             elif theirs["kind"] == "module" and ours["kind"] != "module":
                 problems.append(f"{module}.{name}: a module in the real torch_npu, here {ours['kind']}")
             elif name == "__all__":
@@ -616,16 +617,17 @@ def same_signature(ours: list[dict], theirs: list[dict]) -> bool:
         same_default(x["default"], y["default"]) for x, y in zip(theirs, ours))
 
 
-def test_stand_in_defines_only_names_the_real_wheel_has(work):
-    r = py(DUMP, sim_env(work), work)
+@pytest.mark.parametrize("release", RELEASES)
+def test_stand_in_defines_only_names_the_real_wheel_has(work, release):
+    r = py(DUMP, sim_env(work, SIMNPU_TORCH_NPU=release), work)
     assert r.returncode == 0, r.stdout
     dumped = json.loads(r.stdout.strip().splitlines()[-1])
-    with open(API) as f:
+    with open(API.format(release)) as f:
         real = json.load(f)
     assert api_problems(dumped, real) == []
     # and the check has teeth: a name the real wheel lacks, a class's other parameters, another __all__
     dumped["torch.npu"]["is_simulated"] = {"kind": "function", "signature": []}
-    assert api_problems(dumped, real) == ["torch.npu.is_simulated: not in the real torch_npu 2.9.0.post2"]
+    assert api_problems(dumped, real) == [f"torch.npu.is_simulated: not in the real torch_npu {release}"]
     del dumped["torch.npu"]["is_simulated"]
     scaler = dumped["torch.npu.amp"]["GradScaler"]
     scaler["init"] = [p for p in scaler["init"] if p["name"] != "dynamic"]
@@ -634,17 +636,18 @@ def test_stand_in_defines_only_names_the_real_wheel_has(work):
     assert len(problems) == 2 and problems[0].startswith("torch.npu.__all__: ") and "GradScaler: init" in problems[1], problems
 
 
-def test_committed_api_matches_the_real_wheel(tmp_path):
+@pytest.mark.parametrize("release", RELEASES)
+def test_committed_api_matches_the_real_wheel(tmp_path, release):
     wheels = tmp_path / "wheels"
     got = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-                          "torch-npu==2.9.0.post2", "-d", str(wheels)], capture_output=True, text=True)
+                          f"torch-npu=={release}", "-d", str(wheels)], capture_output=True, text=True)
     found = sorted(wheels.glob("*.whl")) if wheels.exists() else []
     if got.returncode != 0 or not found:
-        skip_outside_ci(f"cannot download torch-npu==2.9.0.post2: {got.stderr[-500:]}")
+        skip_outside_ci(f"cannot download torch-npu=={release}: {got.stderr[-500:]}")
     out = tmp_path / "api.json"
-    subprocess.run([sys.executable, os.path.join(SIMNPU, "tools", "derive_api.py"), "--wheel", str(found[0]),
-                    "--out", str(out)], check=True, capture_output=True)
-    with open(API) as f:
+    subprocess.run([sys.executable, os.path.join(SIMNPU, "tools", "derive_api.py"), "--version", release,
+                    "--wheel", str(found[0]), "--out", str(out)], check=True, capture_output=True)
+    with open(API.format(release)) as f:
         committed = json.load(f)
     derived = json.loads(out.read_text())
     committed.pop("wheel", None), committed.pop("wheel_sha256", None)
@@ -745,7 +748,7 @@ def test_a_card_runs_out_of_memory_past_the_fraction_with_the_real_message(work)
 
 def test_alloc_conf_is_validated_like_the_real_allocator(work):
     """PYTORCH_NPU_ALLOC_CONF is read at the first allocation with the real allocator's messages; valid options
-    run (they change nothing on the simulation)."""
+    run (only expandable_segments changes what the simulation does: tests/test_simnpu_versions.py)."""
     code = "import torch; torch.ones(1, device='npu'); print('allocated')"
     for conf, said in [("max_split_size_mb:128,garbage_collection_threshold:0.6", "allocated"),
                        ("bogus:1", "Unrecognized CachingAllocator option: bogus"),

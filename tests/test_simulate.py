@@ -17,7 +17,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
-from conftest import NOTEBOOKS, ROOT, skip_outside_ci
+from conftest import NOTEBOOKS, required_ci_output
 
 from nbtools import ParameterError, simnpu_env
 from nbtools.device import SIMULATED, detect, from_probe
@@ -92,21 +92,11 @@ def _checks(report) -> dict[str, tuple[str, str]]:
 GATHER = os.path.join(NOTEBOOKS, "02_distributed_eval.ipynb")
 
 
-# The README's ci:series-simulated-npu run, which .ci/run makes before the tests: its 02 is the run read below.
-SIMULATED_SERIES = Path(ROOT) / "nbtools-output" / "simulated-npu"
-
-
 @pytest.fixture(scope="module")
 def simulated_series() -> Path:
-    """The output folder of the README's `ci:series-simulated-npu` run, if it is newer than what it ran."""
-    report = SIMULATED_SERIES / "report.json"
-    if not report.is_file():
-        skip_outside_ci(f"no simulated-NPU series report at {report}: run the README's ci:series-simulated-npu command")
-    sources = [*Path(NOTEBOOKS).glob("*.ipynb"), *(Path(ROOT) / "nbtools").glob("*.py"),
-               *(Path(ROOT) / "simnpu" / "site").rglob("*.py")]
-    if report.stat().st_mtime < max(f.stat().st_mtime for f in sources):
-        skip_outside_ci(f"{report} is older than the notebooks, nbtools or simnpu: rerun ci:series-simulated-npu")
-    return SIMULATED_SERIES
+    """The output folder of the README's `ci:series-simulated-npu` run, which .ci/run makes before the tests: its 02
+    is the run read below."""
+    return required_ci_output("simulated-npu", "series-simulated-npu")
 
 
 def test_the_gather_runs_on_the_simulated_npu_and_every_report_says_so(simulated_series):

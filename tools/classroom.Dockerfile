@@ -1,5 +1,6 @@
 # The learners' image, built by the script tools/classroom.py writes: the quick-start's CANN image with what every
-# lesson needs: the torch + torch_npu pair it was validated with (requirements-npu.txt), then the series itself
+# lesson needs: the torch + torch_npu pair it was validated with (requirements-npu.txt, through tools/install.py --npu:
+# on x86_64 torch 2.9.0+cpu from PyTorch's CPU index, which the wheelhouse of an offline build must hold), then the series itself
 # (/opt/series, installed with -e), JupyterLab (requirements.txt: in a container there is no platform JupyterLab)
 # and deepspeed (requirements-deepspeed.txt: 08's ZeRO checks), installed by tools/install.py, which holds that pair.
 # Not built in CI: there is no Ascend host there. The context is the repository (.dockerignore keeps out .git, the
@@ -13,6 +14,6 @@ FROM ${BASE}
 ARG PIP_ARGS=""
 COPY . /opt/series
 WORKDIR /opt/series
-RUN python3 -m pip install --no-cache-dir ${PIP_ARGS} -r requirements-npu.txt
+RUN python3 tools/install.py --npu --no-cache-dir ${PIP_ARGS}
 RUN python3 tools/install.py -r requirements.txt -r requirements-deepspeed.txt --no-cache-dir ${PIP_ARGS}
 WORKDIR /home/ma-user/work

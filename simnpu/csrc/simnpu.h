@@ -30,6 +30,7 @@ struct Soc {
   std::string name = "Ascend910B4";
   int64_t hbm = int64_t(32) << 30;
   bool bf16 = true;
+  bool alloc_conf_2_14 = false;  // the torch_npu presented is 2.14.0: PYTORCH_ALLOC_CONF is read too
 };
 Soc& soc();
 

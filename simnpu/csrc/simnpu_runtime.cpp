@@ -365,10 +365,11 @@ int simnpu_set_device(int i, char* err, int n) {
   current_index = static_cast<c10::DeviceIndex>(i);
   return 0;
 }
-void simnpu_configure(const char* soc_name, long long hbm, int bf16) {
+void simnpu_configure(const char* soc_name, long long hbm, int bf16, int alloc_conf_2_14) {
   auto& s = simnpu::soc();
   s.name = soc_name;
   s.hbm = hbm;
   s.bf16 = bf16 != 0;
+  s.alloc_conf_2_14 = alloc_conf_2_14 != 0;
 }
 }

@@ -41,6 +41,7 @@ struct Mem {
   int64_t allocated = 0, peak = 0, reserved = 0, peak_reserved = 0;
   int64_t allocs = 0, frees = 0, ooms = 0, retries = 0;
   double fraction = -1;  // none set
+  std::vector<int64_t> segs;  // the reserved segments' sizes (expandable_segments: [small pool, large pool])
 };
 std::mutex mem_mutex;
 Mem mem[kMaxCards];
@@ -61,6 +62,30 @@ int64_t segment_size(int64_t b) {
   return (b + kRoundLarge - 1) / kRoundLarge * kRoundLarge;
 }
 int64_t released(int64_t allocated) { return (allocated + kRoundLarge - 1) / kRoundLarge * kRoundLarge; }
+bool g_expandable = false;  // PYTORCH_NPU_ALLOC_CONF (or 2.14.0's PYTORCH_ALLOC_CONF) expandable_segments:True
+
+// With expandable_segments the real allocator keeps one segment per pool that maps pages as it needs them
+// (NPUCachingAllocator.cpp ExpandableSegment: kSmallBuffer pages for the small pool, kLargeBuffer for the large
+// one); its snapshot reports those segments with is_expandable true. Here: reserve only the pages the request
+// lacks, into that pool's one segment.
+int64_t reserve_size(const Mem& m, int64_t b) {  // what a request that does not fit the cache reserves
+  if (!g_expandable) return segment_size(b);
+  const int64_t page = b <= kSmallSize ? kSmallBuffer : kLargeBuffer;
+  return std::max<int64_t>(0, (m.allocated + b - m.reserved + page - 1) / page * page);
+}
+void grow(Mem& m, int64_t b, int64_t size) {
+  if (!g_expandable) {
+    m.segs.push_back(size);
+    return;
+  }
+  if (m.segs.size() < 2) m.segs.resize(2, 0);
+  m.segs[b <= kSmallSize ? 0 : 1] += size;
+}
+void release(Mem& m) {  // the cache given back: what stays reserved is one segment (of its pool when expandable)
+  m.reserved = released(m.allocated);
+  m.segs.assign(g_expandable ? 2 : (m.reserved > 0 ? 1 : 0), 0);
+  if (m.reserved > 0) m.segs[g_expandable && m.reserved > kSmallSize ? 1 : 0] = m.reserved;
+}
 
 std::string format_size(int64_t n) {  // the real allocator's format_size
   char buf[64];
@@ -88,15 +113,17 @@ void count_alloc(int dev, int64_t n) {
   std::lock_guard<std::mutex> lock(mem_mutex);
   Mem& m = mem[dev];
   if (m.allocated + b > m.reserved) {  // no cached room: reserve a segment
-    const int64_t seg = segment_size(b);
+    int64_t seg = reserve_size(m, b);
     if (m.reserved + seg > allowed(dev)) {  // release the cache, retry (the real one counts num_alloc_retries)
-      m.reserved = released(m.allocated);
+      release(m);
       ++m.retries;
+      seg = reserve_size(m, b);
     }
     if (m.reserved + seg > allowed(dev)) {
       ++m.ooms;
       const std::string allowed_info = fraction_set(dev) ? format_size(allowed(dev)) + " allowed; " : "";
-      const std::string msg = "NPU out of memory. Tried to allocate " + format_size(seg) + " (NPU " +
+      // the request's allocation size (segment_size), with expandable segments too (the pages are not named)
+      const std::string msg = "NPU out of memory. Tried to allocate " + format_size(segment_size(b)) + " (NPU " +
           std::to_string(dev) + "; " + format_size(capacity(dev)) + " total capacity; " + format_size(m.allocated) +
           " already allocated; " + format_size(m.allocated) + " current active; " +
           format_size(capacity(dev) - m.reserved) + " free; " + allowed_info + format_size(m.reserved) +
@@ -104,6 +131,7 @@ void count_alloc(int dev, int64_t n) {
           "to avoid fragmentation.";
       TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
     }
+    grow(m, b, seg);
     m.reserved += seg;
     m.peak_reserved = std::max(m.peak_reserved, m.reserved);
   }
@@ -139,9 +167,16 @@ c10::DataPtr npu_data(c10::DataPtr&& host, int64_t n, int dev) {
 }
 
 // PYTORCH_NPU_ALLOC_CONF, read at the first allocation and validated with the real allocator's messages
-// (NPUAllocatorConfig.cpp). The options are accepted and change nothing here (simnpu/README.md says so).
+// (NPUAllocatorConfig.cpp). torch_npu 2.14.0 (SIMNPU_TORCH_NPU) reads PYTORCH_ALLOC_CONF too and refuses both at
+// once. expandable_segments shapes the reservations and the snapshot (above); the other options change nothing here.
 void check_alloc_conf() {
   const char* env = std::getenv("PYTORCH_NPU_ALLOC_CONF");
+  if (simnpu::soc().alloc_conf_2_14) {
+    const char* acc = std::getenv("PYTORCH_ALLOC_CONF");
+    TORCH_CHECK(env == nullptr || acc == nullptr,
+                "Both PYTORCH_NPU_ALLOC_CONF and PYTORCH_ALLOC_CONF have been set, please set only one of them.");
+    if (env == nullptr) env = acc;
+  }
   if (env == nullptr) return;
   std::vector<std::string> tok;  // the real lexer: split on , : [ ] and drop spaces
   std::string cur;
@@ -202,6 +237,7 @@ void check_alloc_conf() {
     }
     i += 2;
   }
+  g_expandable = expandable;
   TORCH_CHECK(!(expandable && split_or_gc),
               "`max_split_size_mb` or `garbage_collection_threshold`, cannot be enabled with `expandable_segments`, "
               "please set `expandable_segments` to `False`.");
@@ -731,7 +767,22 @@ void simnpu_reset_accumulated(int dev) {
 }
 void simnpu_empty_cache(int dev) {
   std::lock_guard<std::mutex> lock(mem_mutex);
-  mem[dev].reserved = released(mem[dev].allocated);
+  release(mem[dev]);
+}
+// the reserved segments of card `dev` (sizes into `out`, up to `cap`; empty ones skipped); returns how many.
+// `*is_expandable` tells whether they are expandable segments, `*small` how many leading ones are the small pool's.
+int simnpu_segments(int dev, long long* out, int cap, int* is_expandable, int* small) {
+  std::lock_guard<std::mutex> lock(mem_mutex);
+  int n = 0;
+  *is_expandable = g_expandable;
+  *small = 0;
+  for (size_t i = 0; i < mem[dev].segs.size(); ++i) {
+    const int64_t size = mem[dev].segs[i];
+    if (size <= 0 || n >= cap) continue;
+    if (g_expandable ? i == 0 : size <= kSmallBuffer) ++*small;
+    out[n++] = size;
+  }
+  return n;
 }
 void simnpu_set_fraction(int dev, double fraction) {
   std::lock_guard<std::mutex> lock(mem_mutex);

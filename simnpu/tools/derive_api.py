@@ -11,6 +11,7 @@ Usage::
     python simnpu/tools/derive_api.py                 # pip download the wheel, write the json
     python simnpu/tools/derive_api.py --wheel X.whl   # use a wheel already on disk
     python simnpu/tools/derive_api.py --out -         # print instead of writing
+    python simnpu/tools/derive_api.py --version 2.14.0   # another release (its own json beside)
 
 What is recorded, per module (``torch_npu``, ``torch.npu`` = ``torch_npu/npu/__init__.py``,
 and a few submodules of it): its literal ``__all__`` (``names``), the ``__init__`` parameters of the
@@ -35,7 +36,10 @@ import zipfile
 
 VERSION = "2.9.0.post2"
 HERE = os.path.dirname(os.path.abspath(__file__))
-DEFAULT_OUT = os.path.join(os.path.dirname(HERE), "api", f"torch_npu-{VERSION}.json")
+
+
+def default_out(version: str) -> str:
+    return os.path.join(os.path.dirname(HERE), "api", f"torch_npu-{version}.json")
 
 # (name the user sees, dotted module inside the wheel)
 MODULES = [
@@ -48,10 +52,10 @@ MODULES = [
 ]
 
 
-def download_wheel(dest: str) -> str:
+def download_wheel(dest: str, version: str = VERSION) -> str:
     """pip download the wheel for this interpreter's tag (any tag works: the .py files are the same)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet",
-           f"torch-npu=={VERSION}", "-d", dest]
+           f"torch-npu=={version}", "-d", dest]
     subprocess.run(cmd, check=True)
     wheels = [f for f in os.listdir(dest) if f.endswith(".whl")]
     if not wheels:
@@ -246,7 +250,28 @@ def npu_operators(wheel_path: str) -> dict[str, str]:
     return ops
 
 
-def derive(wheel_path: str) -> dict:
+LATE_EXPORTS = "torch_npu._init.core._exports"   # 2.14.0: torch_npu's public names are set at import, not bound
+
+
+def late_exports(w: Wheel) -> dict[str, dict]:
+    """What 2.14.0's ``_export_public_apis()`` sets on torch_npu: the ``_LAZY_PYTHON_SYMBOLS`` (name -> the function
+    it resolves to), the module ``__getattr__`` / ``__dir__`` that serve them, and the names it assigns literally
+    into ``globals_dict`` (``ParallelStore``, ``_ShardedGradScaler``)."""
+    if LATE_EXPORTS not in w.sources:
+        return {}
+    out: dict[str, dict] = {"__getattr__": {"kind": "function", "signature": [
+        {"name": "name", "kind": "POSITIONAL_OR_KEYWORD", "default": None}]}, "__dir__": {"kind": "function", "signature": []}}
+    for node in ast.walk(ast.parse(w.sources[LATE_EXPORTS])):
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "_LAZY_PYTHON_SYMBOLS":
+            for name, (mod, attr) in ast.literal_eval(node.value).items():
+                out[name] = w.lookup(mod, attr, 1)
+        elif (isinstance(node, ast.Subscript) and getattr(node.value, "id", "") == "globals_dict"
+              and isinstance(node.slice, ast.Constant) and isinstance(node.ctx, ast.Store)):
+            out.setdefault(node.slice.value, {"kind": "value"})
+    return out
+
+
+def derive(wheel_path: str, version: str = VERSION) -> dict:
     w = Wheel(wheel_path)
     modules = {}
     for shown, dotted in MODULES:
@@ -261,6 +286,8 @@ def derive(wheel_path: str) -> dict:
                 entry["names"] = e["names"]
             names[n] = entry
         modules[shown] = names
+    for n, e in late_exports(w).items():
+        modules["torch_npu"][n] = {k: v for k, v in e.items() if k in ("kind", "signature")}
     # torch_npu copies every torch.ops.npu operator onto itself at import (a loop over
     # dir(torch.ops.npu)); the public ones are listed literally in utils/exposed_api.py.
     exposed = w.bindings("torch_npu.utils.exposed_api")
@@ -279,7 +306,7 @@ def derive(wheel_path: str) -> dict:
     return {
         "about": "Names the real torch_npu wheel binds, read from its sources with ast "
                  "(simnpu/tools/derive_api.py). The simulated torch_npu may only define these.",
-        "version": VERSION,
+        "version": version,
         "wheel": os.path.basename(wheel_path),
         "wheel_sha256": sha,
         "modules": modules,
@@ -288,12 +315,14 @@ def derive(wheel_path: str) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--wheel", help=f"path to torch_npu-{VERSION}-*.whl (default: pip download it)")
-    p.add_argument("--out", default=DEFAULT_OUT, help="json to write, '-' for stdout")
+    p.add_argument("--version", default=VERSION, help=f"the release (default {VERSION}; also 2.14.0)")
+    p.add_argument("--wheel", help="path to torch_npu-<version>-*.whl (default: pip download it)")
+    p.add_argument("--out", help="json to write (default simnpu/api/torch_npu-<version>.json), '-' for stdout")
     a = p.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        wheel = a.wheel or download_wheel(tmp)
-        data = derive(wheel)
+        wheel = a.wheel or download_wheel(tmp, a.version)
+        data = derive(wheel, a.version)
+    a.out = a.out or default_out(a.version)
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     if a.out == "-":
         sys.stdout.write(text)

@@ -4,7 +4,7 @@
 # It installs as a learner on that image does (README.zh-CN.md): tools/install.py holds the image's torch and
 # torch_npu at their versions, installs the series' requirements and nbtools around them, and checks afterwards
 # that they did not change. With --npu, an image with neither torch nor torch_npu gets the quick-start's pair
-# (requirements-npu.txt: torch 2.9.0, torch_npu 2.9.0.post2), one with torch alone the torch_npu of that torch (or,
+# (requirements-npu.txt: torch 2.9.0, on x86_64 2.9.0+cpu from PyTorch's CPU index; torch_npu 2.9.0.post2), one with torch alone the torch_npu of that torch (or,
 # where pip finds none, one sentence and a failed step). Then `python -m nbtools doctor` says what the image is.
 set -euo pipefail
 

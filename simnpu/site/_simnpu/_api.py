@@ -1,11 +1,12 @@
 """Functions of ``torch.npu`` for the simulated NPU. Names and parameters follow the real
-torch_npu 2.9.0.post2 (checked against simnpu/api/torch_npu-2.9.0.post2.json by the tests)."""
+torch_npu 2.9.0.post2, or 2.14.0 with SIMNPU_TORCH_NPU=2.14.0 (checked against simnpu/api/ by the tests)."""
 import os
 import time
 import warnings
 
 import torch
 
+from . import NEW
 from . import _runtime as rt
 
 __all__ = [
@@ -25,8 +26,8 @@ __all__ = [
     "get_allocator_backend", "caching_allocator_alloc", "caching_allocator_delete",
     "_set_rng_state_offset", "_get_rng_state_offset",
     "FloatTensor", "DoubleTensor", "HalfTensor", "BFloat16Tensor", "LongTensor", "IntTensor", "ShortTensor",
-    "CharTensor", "ByteTensor", "BoolTensor",
-]
+    "CharTensor", "ByteTensor", "BoolTensor", "config",
+] + (["set_task_queue_enable", "get_task_queue_enable"] if NEW else [])
 
 
 def is_available():
@@ -266,8 +267,32 @@ def memory_summary(device=None, abbreviated=False):
     return "\n".join(out) + "\n"
 
 
-def memory_snapshot():
-    return []
+def _snapshot_all():
+    """The real segment dicts (Module.cpp segmentInfoToDict), one per reserved segment of each card: sizes, pool
+    (``segment_type``) and ``is_expandable`` (expandable_segments:True) as the allocator here holds them; each
+    segment's allocated bytes are the card's, filled into its segments in order; addresses are invented."""
+    out = []
+    for index in range(device_count()):
+        sizes, expandable, small = rt.segments(index)
+        left = rt.memory(index)["allocated"]
+        address = 0x12C0000000 + (index << 36)
+        for i, size in enumerate(sizes):
+            used, left = min(size, left), left - min(size, left)
+            blocks = [{"address": address, "size": used, "requested_size": used, "state": "active_allocated",
+                       "frames": []}] if used else []
+            if size > used:
+                blocks.append({"address": address + used, "size": size - used, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+            out.append({"device": index, "address": address, "total_size": size, "allocated_size": used,
+                        "active_size": used, "requested_size": used, "stream": 0, "segment_pool_id": (0, 0),
+                        "segment_type": "small" if i < small else "large", "is_expandable": expandable,
+                        "frames": [], "blocks": blocks})
+            address += size
+    return out
+
+
+def memory_snapshot():  # 2.14.0's takes mempool_id=None (below)
+    return _snapshot_all()
 
 
 def empty_cache():
@@ -562,3 +587,48 @@ ShortTensor = _legacy("ShortTensor", torch.int16)
 CharTensor = _legacy("CharTensor", torch.int8)
 ByteTensor = _legacy("ByteTensor", torch.uint8)
 BoolTensor = _legacy("BoolTensor", torch.bool)
+
+
+class _npuConfig:  # the real class name (its AttributeError names it)
+    """``torch.npu.config`` as the real ``npu_config._npuConfig()``: setting ``allow_internal_format`` is an option
+    of the card's runtime (internal formats: see simnpu/README.md), so it changes nothing here; the real one ignores
+    other names too, and stores nothing (reading an attribute raises AttributeError there, as here)."""
+
+    def __setattr__(self, name, value):
+        pass
+
+
+config = _npuConfig()
+
+
+if NEW:   # torch_npu 2.14.0's names and parameters
+    def memory_snapshot(mempool_id=None):  # noqa: F811
+        if mempool_id is not None:
+            raise NotImplementedError("torch.npu.memory_snapshot(mempool_id=...): memory pools are not simulated by "
+                                      "the simulated NPU")
+        return _snapshot_all()
+
+    def is_bf16_supported(including_emulation=False):  # noqa: F811  (the real one ignores the argument too)
+        rt.lazy_init()
+        return rt.BF16
+
+    _task_queue = []   # the mode set by set_task_queue_enable, else read from the environment at the first ask
+
+    def set_task_queue_enable(mode):
+        """As the real one: 0, 1 or 2 (a str is converted), else RuntimeError. Kernels run synchronously here, so
+        the mode changes nothing but what get_task_queue_enable answers."""
+        if isinstance(mode, str):
+            mode = int(mode)
+        if mode not in (0, 1, 2):
+            raise RuntimeError(f"mode must be 0, 1, or 2, but got {mode}.")
+        _task_queue[:] = [mode]
+
+    def get_task_queue_enable():
+        """The effective mode: 0 under ASCEND_LAUNCH_BLOCKING=1, else the one set, else TASK_QUEUE_ENABLE (1 when
+        unset or not 0/1/2)."""
+        if os.environ.get("ASCEND_LAUNCH_BLOCKING") == "1":
+            return 0
+        if not _task_queue:
+            value = os.environ.get("TASK_QUEUE_ENABLE", "1")
+            _task_queue.append(int(value) if value in ("0", "1", "2") else 1)
+        return _task_queue[0]

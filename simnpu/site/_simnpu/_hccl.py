@@ -107,6 +107,17 @@ def _gloo_op(op):
     return R.SUM if _kind(op) == R.AVG else op
 
 
+def _average(work, op, size):
+    """AVG's division after the sum, on the group's own copy: the real group divides in place (``div_``), which on a
+    910B's integer tensor is a floor division (Ascend's test_allreduce expects ``expected //= world_size``; the
+    real code truncates only on Ascend950); floating types divide."""
+    if _kind(op) != R.AVG:
+        return work
+    if work.is_floating_point() or work.is_complex():
+        return work.div_(size)
+    return work.copy_(torch.div(work, size, rounding_mode="floor"))
+
+
 class _Destroyed:
     """Stands for the gloo transport after ``shutdown``: any collective says what happened."""
     def __getattr__(self, name):
@@ -186,15 +197,12 @@ class ProcessGroupHCCL(dist.ProcessGroup):
     def _allreduce_one(self, t, op):
         """One tensor, reduced in place: bool / uint8 go through int32 (as HCCL casts them), AVG is a sum divided
         by the group's size."""
-        h = _u(t)
-        work = h if t.dtype not in (torch.bool, torch.uint8) else h.to(torch.int32)
+        h = _u(t)   # reduced in a copy: the caller's tensor changes only once the whole result is there
+        work = h.clone() if t.dtype not in (torch.bool, torch.uint8) else h.to(torch.int32)
         opts = C.AllreduceOptions()
         opts.reduceOp = _gloo_op(op)
         self._gloo.allreduce([work], opts).wait()
-        if _kind(op) == R.AVG:
-            work.div_(self.size())
-        if work is not h:
-            h.copy_(work)
+        h.copy_(_average(work, op, self.size()))
 
     def allreduce(self, ts, opts=None, fname="allreduce"):
         op = opts.reduceOp if opts is not None else R.SUM
@@ -221,8 +229,7 @@ class ProcessGroupHCCL(dist.ProcessGroup):
         o = C.AllreduceOptions()
         o.reduceOp = _gloo_op(op)
         self._gloo.allreduce([h], o).wait()
-        if _kind(op) == R.AVG:
-            h.div_(self.size())
+        _average(h, op, self.size())
         n = _u(out).numel()
         if h.numel() != n * self.size():
             raise ValueError(f"HCCL {fname}: input size {h.numel()} is not the output size {n} times the group "
@@ -262,7 +269,27 @@ class ProcessGroupHCCL(dist.ProcessGroup):
                 for r, o in enumerate(olist):
                     _u(o).copy_(_u(i)) if r == self.rank() else _u(o).zero_()
             return _done(outs)
+        if any(len({o.shape for o in olist}) > 1 for olist in outs):
+            return self._allgather_uneven(outs, ins)
         self._gloo.allgather([_l(o) for o in outs], _l(ins), opts).wait()
+        return _done(outs)
+
+    def _allgather_uneven(self, outs, ins):
+        """A shape per rank: the real group runs HcclAllGatherV (or, without it, one broadcast per rank); gloo's
+        allgather refuses ("invalid tensor size") and leaves the ranks hanging. Here: one broadcast per rank."""
+        for olist, i in zip(outs, ins):
+            mine = olist[self.rank()]
+            if mine.numel() != i.numel():
+                raise ValueError(f"HCCL allgather: this rank's output tensor has {mine.numel()} elements, its "
+                                 f"input {i.numel()}")
+            slots = [_u(o).clone(memory_format=torch.contiguous_format) for o in olist]
+            slots[self.rank()].copy_(_u(i).reshape(mine.shape))
+            for r, slot in enumerate(slots):
+                b = C.BroadcastOptions()
+                b.rootRank, b.rootTensor = r, 0
+                self._gloo.broadcast([slot], b).wait()
+            for o, slot in zip(olist, slots):
+                _u(o).copy_(slot)
         return _done(outs)
 
     def _allgather_base(self, out, inp, opts=None):

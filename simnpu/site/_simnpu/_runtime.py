@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from . import _build
+from . import NEW, _build
 
 LIB = _build.load()
 
@@ -110,4 +110,11 @@ def memory(index):
     return dict(zip(MEMORY_FIELDS, out))
 
 
-LIB.simnpu_configure(SOC.encode(), HBM, int(BF16))
+def segments(index):
+    """The reserved segments of card ``index``: (sizes, whether they are expandable, how many are the small pool's)."""
+    out, flag, small = (ctypes.c_longlong * 64)(), ctypes.c_int(), ctypes.c_int()
+    n = LIB.simnpu_segments(index, out, 64, ctypes.byref(flag), ctypes.byref(small))
+    return list(out[:n]), bool(flag.value), small.value
+
+
+LIB.simnpu_configure(SOC.encode(), HBM, int(BF16), int(NEW))

@@ -1,7 +1,7 @@
 """Simulated torch_npu: an Ascend NPU backend that runs on the CPU (see simnpu/README.md).
 
 ``torch_npu.__version__`` carries the local label ``+simulated``; that label is the one way to
-tell this stand-in from the real torch_npu. It defines only names the real torch_npu 2.9.0.post2
+tell this stand-in from the real torch_npu. It defines only names the real torch_npu 2.9.0.post2 (or 2.14.0)
 defines; its machinery lives in the private package ``_simnpu`` beside it.
 """
 __all__ = ["erase_stream"]   # the real one's, less HiFloat8Tensor and matmul_checksum (not simulated)
@@ -58,3 +58,8 @@ sys.modules["_simnpu._boot"].finish(sys.modules[__name__])
 def _autoload():
     # the real one's words: "We should restore this switch as sub processes need to inherit its value"
     os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = ORG_AUTOLOAD
+
+
+if sys.modules["_simnpu"].NEW:   # 2.14.0 restores the switch when `import torch_npu` came first, too
+    _autoload()
+    del sys   # and binds no `sys`

@@ -1,1 +1,4 @@
-__version__ = '2.9.0.post2+simulated'
+from _simnpu import API_VERSION as _v
+
+__version__ = _v + '+simulated'
+del _v

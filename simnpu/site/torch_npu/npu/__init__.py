@@ -1,5 +1,6 @@
 """``torch.npu`` of the simulated NPU. Only names the real torch_npu.npu defines."""
 import torch  # noqa: F401  (the real torch_npu.npu binds it too)
+from _simnpu import NEW as _new
 from _simnpu._api import *  # noqa: F401,F403
 from _simnpu._api import (  # noqa: F401
     _get_device_index,
@@ -26,4 +27,6 @@ __all__ = [
     "reset_accumulated_memory_stats", "reset_max_memory_allocated", "reset_max_memory_cached",
     "reset_peak_memory_stats", "seed", "seed_all", "set_compile_mode", "set_device",
     "set_per_process_memory_fraction", "set_rng_state", "set_rng_state_all", "set_stream", "stream", "synchronize",
-]
+    "config",
+] + (["set_task_queue_enable", "get_task_queue_enable"] if _new else [])
+del _new
