@@ -1,6 +1,6 @@
 """Benchmark: the series' LoRA fine-tune recipe beside LLaMA-Factory, on the same tiny model, data and settings.
 
-    python bench/finetune_vs_llamafactory.py [--output DIR] [--pairs N] [--lf-venv /work/venv-lf] [--smoke]
+    python bench/finetune_vs_llamafactory.py [--output DIR] [--pairs N] [--lf-venv .venv-lf] [--smoke]
 
 Run from the repository root, outside CI (a few minutes on 2 CPU cores). What it does:
 
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--output", default="bench-out")
     p.add_argument("--pairs", type=int, default=3, help="timed (recipe, LLaMA-Factory) pairs, order alternating")
-    p.add_argument("--lf-venv", default=os.environ.get("LF_VENV", "/work/venv-lf"), help="a venv with llamafactory")
+    p.add_argument("--lf-venv", default=os.environ.get("LF_VENV", ".venv-lf"), help="a venv with llamafactory")
     p.add_argument("--recipe-venv", default=str(Path(sys.executable).parent.parent), help="the recipe's venv")
     p.add_argument("--form", choices=["messages", "alpaca"], default="messages", help="the data file's form")
     p.add_argument("--examples", type=int, default=240, help="conversations (or Alpaca rows) in the data file")
