@@ -23,8 +23,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .lang import msg
-
 _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]$")
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 _VERSION = re.compile(r"npu-smi\s+(\S+)")
@@ -153,6 +151,7 @@ def _npu_keys(npu_header) -> set[str]:
 
 def summary(table: dict) -> str:
     """A few lines a learner reads: one per NPU chip, then the processes (or that there are none)."""
+    from .lang import msg  # here, not at the top: tools/classroom.py loads this module alone, by its path
     lines = []
     for n in table["npus"]:
         hbm = f"HBM {n.get('hbm_used_mb')} / {n.get('hbm_total_mb')} MB" if "hbm_total_mb" in n else ""
