@@ -40,7 +40,7 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
 
     import nbtools
     from nbtools import commands, params
-    from nbtools.device import from_probe
+    from nbtools.device import from_probe, precisions_on
     from nbtools.launcher import launch_spec
 
     cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
@@ -56,7 +56,7 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
             call()
     with pytest.raises(ParameterError, match=r"accepted here: no, bf16$"):
         params.validate(mixed_precision="fp16", info=cpu)
-    assert cpu.mixed_precisions == cpu.mixed_precisions_on("cpu") == ("no", "bf16")
+    assert cpu.mixed_precisions == precisions_on("cpu", cpu.bf16) == ("no", "bf16")
     sources = {p.name: p.read_text(encoding="utf-8") for p in Path(nbtools.__file__).parent.glob("*.py")}
     for rule in ("integer >= {minimum}", '("auto", *KINDS)', "p != \"fp16\"", 'split(",")', "after + n - len(ids)"):
         assert [name for name, text in sources.items() if rule in text] == ["device.py"], rule
