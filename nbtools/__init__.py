@@ -20,15 +20,12 @@ if _TOO_OLD:
     raise (SystemExit if sys.argv[:1] == ["-m"] else ImportError)("nbtools: " + _TOO_OLD)
 
 from .checks import SEED_CHECKS, passed, skipped
-from .commands import CommandNotHere
+from .decide import LaunchSpec, plan, validate
 from .device import DeviceInfo, detect
 from .diagnose import CommandResult
-from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
+from .errors import CommandNotHere, DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
 from .expected import assert_matches, match, parse_kv
-from .guarded import free_port, run_command
-from .launcher import LaunchOptions, accelerate_launch
-from .params import validate
-from .plan import LaunchPlan
+from .guarded import LaunchOptions, accelerate_launch, free_port, run_command
 from .session import Session, setup
 from .versions import editable, installed, public_version, same_version
 from .workdir import cleanup, work_dir
@@ -48,7 +45,7 @@ __all__ = [
     "DeviceError",
     "DeviceInfo",
     "LaunchError",
-    "LaunchPlan",
+    "LaunchSpec",
     "LaunchTimeout",
     "NbtoolsError",
     "OutputMismatch",
@@ -66,6 +63,7 @@ __all__ = [
     "match",
     "parse_kv",
     "passed",
+    "plan",
     "public_version",
     "run_command",
     "same_version",

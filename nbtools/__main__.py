@@ -30,7 +30,7 @@ def _simulate(args) -> None:
 
 
 def _cmd_launch(args) -> int:
-    from .launcher import LaunchOptions, accelerate_launch
+    from .guarded import LaunchOptions, accelerate_launch
 
     _simulate(args)
     try:
@@ -146,11 +146,12 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_detect(args) -> int:
+    from . import decide
     from .device import detect
 
     _simulate(args)
     info = detect()
-    plan = info.plan(args.num_processes)
+    plan = decide.plan(info, args.num_processes)
     if args.json:
         print(json.dumps({**info.to_dict(), "plan": plan.__dict__}, indent=2))
     else:
@@ -203,12 +204,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="this machine reaches GitHub and the Hub: checks tagged needs:network are expected to run")
     r.set_defaults(func=_cmd_run)
 
-    from . import device  # the one default count and precision list (device.py)
+    from . import decide  # the one default count and precision list (decide.py)
     from .params import DEFAULT_TIMEOUT_S
 
     la = sub.add_parser("launch", parents=[sim], help="accelerate launch a script with the right flags for this machine")
-    la.add_argument("--num-processes", type=int, help=f"default: {device.DEFAULT_PROCESSES}")
-    la.add_argument("--mixed-precision", default="no", choices=device.MIXED_PRECISIONS)
+    la.add_argument("--num-processes", type=int, help=f"default: {decide.DEFAULT_PROCESSES}")
+    la.add_argument("--mixed-precision", default="no", choices=decide.MIXED_PRECISIONS)
     la.add_argument("--device", default="auto", help="auto | npu | cuda | cpu")
     la.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds before the whole launch is stopped")
     la.add_argument("--online", action="store_true", help="let Hugging Face reach the network")

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from enum import Enum
 
-from .device import cpu_stands_in, precisions_on
+from .decide import cpu_stands_in, precisions_on
 from .errors import ParameterError
 from .lang import msg
 

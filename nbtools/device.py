@@ -1,4 +1,4 @@
-"""Device detection: what this machine is (the probe, its cache, ``DeviceInfo``), and its ``.plan(n)``.
+"""Device detection, and only that: what this machine is (the probe, its cache, ``DeviceInfo``).
 
 The probe runs in a child Python process, for three reasons:
 - a broken torch_npu (installed without CANN) makes ``import torch`` itself raise;
@@ -8,8 +8,8 @@ The probe runs in a child Python process, for three reasons:
 - tests can substitute the probe's answers (``detect(probe=...)``) to exercise the
   NPU and CUDA branches on a CPU-only machine.
 
-The plan's rules are plan.py's; installed versions versions.py's; the simulated NPU's variables
-simnpu_env.py's.
+What a launch does with it (the route, the parameter and precision rules) is decide.py's; installed versions
+versions.py's; the simulated NPU's variables simnpu_env.py's.
 """
 
 from __future__ import annotations
@@ -25,14 +25,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from . import floors
-from .errors import DeviceError, ParameterError
-from .lang import msg
-from .plan import VISIBLE_VARS, LaunchPlan, cache_root, cpu_route, cpu_stands_in, hide_cards
 from .versions import installed
 
-KINDS = ("npu", "cuda", "cpu")
-MIXED_PRECISIONS = ("no", "fp16", "bf16")  # the one list: the CLI's choices, the normaliser, each kind's share
-DEFAULT_PROCESSES = 2  # the one process-count default: setup, a launch that names none, the CLI, the plan
+VISIBLE_VARS = {"npu": "ASCEND_RT_VISIBLE_DEVICES", "cuda": "CUDA_VISIBLE_DEVICES"}  # the cards a process may use
 BACKENDS = {"npu": "hccl", "cuda": "nccl", "cpu": "gloo"}
 DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"}
 # CANN's environment script. CANN 8.5 and later (the quick-start's 9.1.0 among them) install to
@@ -42,22 +37,6 @@ DISTRIBUTED_TYPES = {"npu": "MULTI_NPU", "cuda": "MULTI_GPU", "cpu": "MULTI_CPU"
 CANN_SET_ENV = "/usr/local/Ascend/cann/set_env.sh"
 CANN_SET_ENV_OLD = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 CANN_INSTALL_INFO = "/etc/Ascend/ascend_cann_install.info"
-
-
-def known_device(device: str) -> str:
-    """The one rule for a ``device`` value (params.validate, DeviceInfo.resolve): 'auto' or a kind."""
-    if device not in ("auto", *KINDS):
-        accepted = ", ".join(map(repr, ("auto", *KINDS)))
-        raise ParameterError(f"parameter device={device!r} is not known; accepted: {accepted}")
-    return device
-
-
-def whole_numbers(minimum: int = 1, **params) -> None:
-    """Every keyword is an integer (not a bool) >= ``minimum``: the one rule for counts, num_processes among them
-    (params.validate, DeviceInfo.plan, a written --num_processes, the notebooks' own parameters)."""
-    for name, value in params.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            raise ParameterError(f"parameter {name}={value!r} is invalid; accepted: an integer >= {minimum}")
 
 
 def cann_set_env(install_info: str | os.PathLike = CANN_INSTALL_INFO, root: str = "/usr/local/Ascend") -> str | None:
@@ -130,17 +109,14 @@ class Problem:
     blocking: bool = True
 
 
+def cache_root() -> Path:
+    """nbtools' cache folder, the one (the probe's answers, the hidden-cards shim): $XDG_CACHE_HOME/nbtools, else ~/.cache."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "nbtools"
+
+
 def listed_ids(value: str | None) -> list[str]:
     """The card numbers a visibility variable's value lists (ASCEND_RT_VISIBLE_DEVICES=0,1 -> ["0", "1"])."""
     return [x.strip() for x in (value or "").split(",") if x.strip()]
-
-
-def precisions_on(kind: str, bf16: bool) -> tuple[str, ...]:
-    """The one rule for the --mixed_precision values a launch on ``kind`` takes (DeviceInfo, a check's needs:bf16): the
-    CPU's autocast has bf16 and no fp16; a card has fp16, and bf16 where it says so (``bf16``; not a 310P)."""
-    if kind == "cpu":
-        return tuple(p for p in MIXED_PRECISIONS if p != "fp16")  # a CPU's autocast has no fp16
-    return MIXED_PRECISIONS if bf16 else tuple(p for p in MIXED_PRECISIONS if p != "bf16")
 
 
 @dataclass
@@ -166,83 +142,10 @@ class DeviceInfo:
 
     @property
     def mixed_precisions(self) -> tuple[str, ...]:
+        """The --mixed_precision values a launch on this device takes (decide.precisions_on, the one rule)."""
+        from .decide import precisions_on  # decide.py reads this module: imported when asked
+
         return precisions_on(self.kind, self.bf16)
-
-    def check_precision(self, precision: str, kind: str) -> str:
-        """The one precision rule (params.validate, the normaliser): known, and taken by a launch on ``kind`` here."""
-        ok = precisions_on(kind, self.bf16)
-        if precision not in ok:
-            raise ParameterError(f"parameter mixed_precision={precision!r} is " + (
-                f"not supported on {kind} ({', '.join(self.names[:1]) or kind}); accepted here: {', '.join(ok)}"
-                if precision in MIXED_PRECISIONS else f"not known; accepted: {', '.join(MIXED_PRECISIONS)}"))
-        return precision
-
-    def cards(self, n: int) -> list[str]:
-        """The one rule for the cards ``n`` ranks use: the first ``n`` this process may use (["4", "5"] where
-        ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set); asked for more, the numbers after its last card follow
-        (ascending, no card twice; the plan falls back to the CPU there). Session.cards and the plan ask here."""
-        ids = (listed_ids(self.visible_devices) or [str(i) for i in range(self.count)])[:n]  # as listed, else 0..
-        after = max((int(i) for i in ids if i.isdigit()), default=-1) + 1  # "5,4" on CUDA: 6 next, never 5 again
-        return ids + [str(i) for i in range(after, after + n - len(ids))]
-
-    def plan(self, num_processes: int | None = None, device: str = "auto", fit: bool = False) -> LaunchPlan:
-        """How to start ``num_processes`` ranks on ``device`` ('auto' = best available).
-
-        When fewer accelerators are visible than processes asked for, the plan is the
-        CPU (gloo) route and says so: ``fallback`` is True and ``note`` explains. ``fit`` (the learner's
-        own job, ``%launch --fit``): the count shrinks to the visible cards instead, and the ranks run on them.
-        """
-        num_processes = DEFAULT_PROCESSES if num_processes is None else num_processes
-        whole_numbers(1, num_processes=num_processes)
-        kind, n, note, why, said = self.resolve(device), num_processes, "", [], ""
-        if fit and cpu_stands_in(kind, self.count, n):
-            n = self.count
-            why.append(msg("plan.fit", asked=num_processes, n=n, name=kind.upper(), on=", ".join(f"{kind}:{i}" for i in range(n))))
-        flags = ["--num_processes", str(n), "--num_machines", "1", "--dynamo_backend", "no"]
-        fallback = cpu_stands_in(kind, self.count, n)
-        if fallback:
-            note = msg("plan.fallback_note", n=n, count=self.count, name=kind.upper(), var=self.visible_var,
-                       value=self.visible_devices or msg("plan.unset"))
-            env, mode, said = cpu_route(n)
-            why.append(msg("plan.fallback_why", n=n, count=self.count, name=kind.upper(), said=said))
-            kind = "cpu"
-        elif kind == "cpu":
-            env, mode, said = cpu_route(n)
-            note = msg("plan.cpu_note", n=n) if self.kind == "cpu" else msg("plan.cpu_asked_note", count=self.count, name=self.kind.upper())
-            where = msg("plan.no_npu") if self.kind == "cpu" else msg("session.cpu_asked", kind=self.kind.upper())
-            why.append(msg("plan.cpu_why", where=where, said=said) if n == 1 else msg("plan.cpu_why_n", where=where, n=n, said=said))
-        else:
-            env = {VISIBLE_VARS[kind]: ",".join(self.cards(n))}
-            # On NPU, `accelerate launch --num_processes N` with N visible NPUs switches multi-NPU on by
-            # itself (accelerate's launch.py): the quick-start's command needs no --multi_gpu there.
-            mode = ["--multi_gpu"] if n > 1 and kind == "cuda" else []
-            if kind == "cuda":
-                why.append(msg("plan.cuda_multi" if mode else "plan.cuda", cuda=VISIBLE_VARS["cuda"], npu=VISIBLE_VARS["npu"]))
-            head = SIMULATED if kind == "npu" and self.simulated else kind.upper()
-            note = msg("plan.cards_note", head=head, n=n, on=", ".join(self.names[:n]) or kind)
-            if kind == "npu" and self.simulated:
-                why.append(msg("plan.simulated"))
-        if kind == "cpu" and n > 1 and (hidden := hide_cards(self.kind))[0]:  # the stand-in's ranks never see a card
-            env = {**hidden[0], **env}
-            why.append(msg("plan.hidden", hidden=hidden[1]))
-        return LaunchPlan(
-            kind=kind, num_processes=n, backend=BACKENDS[kind] if n > 1 else None,
-            distributed_type=DISTRIBUTED_TYPES[kind] if n > 1 else "NO", env=env, flags=[*mode, *flags],
-            devices=[f"{kind}:{i}" for i in range(n)] if kind != "cpu" else ["cpu"] * n, fallback=fallback,
-            note=note, gloo=kind == "cpu" or (kind == "npu" and self.simulated), why=why, mode=mode, route=said)
-
-    def resolve(self, device: str = "auto") -> str:
-        """Turn a ``device`` parameter into a device kind present here, or raise with what to do."""
-        if known_device(device) == "auto":
-            return self.kind
-        if device == "cpu" or device == self.kind:
-            return device
-        hints = "; ".join(f"{p.what} -> {p.fix}" for p in self.problems) or \
-            "run `python -m nbtools doctor` to see what this machine has"
-        raise DeviceError(
-            f"device={device!r} asked, but this machine's accelerator is {self.kind!r} "
-            f"({self.count} device(s)). Use device='auto' or '{self.kind}'. {hints}"
-        )
 
     def versions_line(self) -> str:
         v = self.versions

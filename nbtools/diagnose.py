@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from .device import CANN_FIX
 from .errors import LaunchError
 from .expected import parse_kv
-from .plan import LaunchPlan
 
 # The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
@@ -64,11 +63,13 @@ class CommandResult:
     returncode: int
     output: str
     duration_s: float
-    plan: LaunchPlan | None = None
+    plan: object = None  # a launch's decide.LaunchSpec (its route: .kind, .backend, ...)
     port: int | None = None
     killed: list[int] = field(default_factory=list)
     as_written: str | None = None  # the command as the learner wrote it (``command``: what ran)
-    notes: list[str] = field(default_factory=list)  # benign oddities the launcher recognised and explained
+    notes: list[str] = field(default_factory=list)  # benign oddities recognised and explained (benign_blocks)
+    clean: str = ""  # the output without what is known to be benign: what the verdict read (benign_blocks, once)
+    error: LaunchError | None = field(default=None, repr=False)  # the verdict (judged): None when it passed
 
     @property
     def kv(self) -> dict[str, str]:
@@ -97,7 +98,7 @@ def failing_rank(output: str) -> int | None:
     return int(root.group(1)) if root else None
 
 
-def gloo_exit_abort(output: str, plan: LaunchPlan) -> bool:
+def gloo_exit_abort(output: str, plan) -> bool:
     """A gloo launch (CPU, or the simulated NPU's hccl) whose only failure is a rank aborting in teardown,
     with no Python error. Never a real NPU's or GPU's: hccl and nccl get no rerun."""
     return (
@@ -159,27 +160,30 @@ def benign_blocks(output: str, returncode: int) -> tuple[str, list[str]]:
     return "".join(kept), [EXIT_BARRIER_NOTE]  # EXIT_BARRIER is in the output: some line held it
 
 
-def raise_on_failure(result: CommandResult) -> None:
-    text, _ = benign_blocks(result.output, result.returncode)
+def judged(command: str, argv: list[str], returncode: int, output: str, duration_s: float, killed=(),
+           as_written: str | None = None) -> CommandResult:
+    """The ``CommandResult`` of a command that ended, with its verdict: read once (``benign_blocks``), failed on a
+    non-zero exit or an error marker, its ``error`` then a ``LaunchError`` with the rank that failed first and its
+    error line (``.rank``, ``.line``); guarded.settle decides whether it raises."""
+    text, notes = benign_blocks(output, returncode)
+    result = CommandResult(command, list(argv), returncode, output, duration_s, killed=list(killed),
+                           as_written=as_written, notes=notes, clean=text)
     found = [m for m in ERROR_MARKERS if m in text]
-    if result.returncode == 0 and not found:
-        return
-    head = (
-        f"command failed with exit code {result.returncode} after {result.duration_s:.1f} s"
-        if result.returncode != 0
-        else f"command exited 0 but its output holds the error marker {found[0]!r} ({result.duration_s:.1f} s)"
-    )
-    rank = failing_rank(result.output)
-    mine = _tail(result.output, 20, f"[rank{rank}]:") if rank is not None else ""
+    if returncode == 0 and not found:
+        return result
+    head = (f"command failed with exit code {returncode} after {duration_s:.1f} s" if returncode != 0
+            else f"command exited 0 but its output holds the error marker {found[0]!r} ({duration_s:.1f} s)")
+    rank = failing_rank(output)
+    mine = _tail(output, 20, f"[rank{rank}]:") if rank is not None else ""
     error = re.findall(r"^\s*\[rank\d+\]:\s*((?:[\w.]+\.)?\w*(?:Error|Exception): .*)$", mine, re.MULTILINE)
     line = error[-1][:200] if error else None
     head += f" -- rank {rank}: {line}" if error else ""  # the exception, in the reason a report shows
-    detail = (f"Rank {rank} failed first; its last lines:\n{mine}" if mine
-              else f"Last lines of the output:\n{_tail(result.output)}")
-    if result.killed:
-        detail += f"\n(stopped {len(result.killed)} leftover process(es) of this launch)"
-    detail += "".join(f"\nhint: {hint}" for needle, hint in HINTS if needle in result.output)
-    raise LaunchError(f"{head}\n  $ {result.command}\n{detail}", result, rank, line)
+    detail = f"Rank {rank} failed first; its last lines:\n{mine}" if mine else f"Last lines of the output:\n{_tail(output)}"
+    if killed:
+        detail += f"\n(stopped {len(killed)} leftover process(es) of this launch)"
+    detail += "".join(f"\nhint: {hint}" for needle, hint in HINTS if needle in output)
+    result.error = LaunchError(f"{head}\n  $ {command}\n{detail}", result, rank, line)
+    return result
 
 
 def timeout_message(result: CommandResult, before: str, timeout: float | None, timeout_name: str) -> str:

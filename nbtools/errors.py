@@ -9,6 +9,10 @@ class DeviceError(NbtoolsError):
     """The requested device is not here, or the setup to use it is broken."""
 
 
+class CommandNotHere(NbtoolsError):
+    """The written program does not exist on this machine (e.g. ``npu-smi`` off an Ascend host)."""
+
+
 class ParameterError(NbtoolsError, ValueError):
     """A notebook or CLI parameter has a value that cannot work; says which and what is accepted."""
 
@@ -19,7 +23,7 @@ class LaunchError(NbtoolsError):
     def __init__(self, message: str, result=None, rank: int | None = None, line: str | None = None):
         super().__init__(message)
         self.result = result
-        self.rank = rank  # the rank that failed first, where the output says (diagnose.raise_on_failure)
+        self.rank = rank  # the rank that failed first, where the output says (diagnose.judged)
         self.line = line  # its error line (``ValueError: ...``), where one was found
 
 

@@ -3,7 +3,10 @@ process tree stopped on timeout, failure, Ctrl-C (JupyterLab's stop button) and 
 
 ``run_command`` runs one and waits; ``start_background`` starts one and returns a ``Background`` handle.
 Both print the command a learner would type (``Shown``), set PYTHONUNBUFFERED=1 and UTF-8 output, keep
-Hugging Face offline, and give the command a private TMPDIR.
+Hugging Face offline, and give the command a private TMPDIR. ``launch`` runs what decide.py decided (one
+``LaunchSpec``, or 06's machines together): it writes the files the specs name, picks a free rendezvous port, and
+reruns on a port taken meanwhile or a gloo teardown abort (at most twice); ``accelerate_launch`` decides and runs.
+Whether a failure raises is decided in one place, ``settle``, from the verdict diagnose.judged gave the output.
 """
 
 from __future__ import annotations
@@ -20,15 +23,17 @@ import tempfile
 import threading
 import time
 import uuid
+import re
 import weakref
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from . import proctree
-from .commands import shell_line
-from .diagnose import CommandResult, benign_blocks, raise_on_failure, timeout_message, unglue_warning
+from .decide import FROM_SESSION, LaunchCall, LaunchSpec, launch_spec, shell_line
+from .device import DeviceInfo
+from .diagnose import CommandResult, gloo_exit_abort, judged, timeout_message, unglue_warning
 from .errors import LaunchError, LaunchTimeout
-from .plan import LaunchPlan
 
 GUARDIAN = str(Path(__file__).with_name("guardian.py"))  # the parent of every command started here
 MARKER_ENV = "NBTOOLS_LAUNCH"  # "<launch id>:<starter pid>" on every process of a launch (`nbtools ps`)
@@ -56,16 +61,16 @@ class Shown:
     as_written: str | None = None
     why: str = ""
     timeout_name: str = "timeout"
-    also: tuple[tuple[str, str], ...] = ()  # variables set beyond the printed ones (filled in by run_command)
 
-    def announce(self, real: str) -> str:
-        """The lines printed before ``real`` runs: as written, then as it runs here, why, what else is set."""
+    def announce(self, real: str, also: dict[str, str] | None = None) -> str:
+        """The lines printed before ``real`` runs: as written, then as it runs here, why, what else is set (``also``:
+        the variables set beyond the printed ones)."""
         if not self.as_written or self.as_written.strip() == real.strip():
             text = f"$ {real}\n"
         else:
             text = f"$ {self.as_written}\n# runs here as: {real}\n" + (f"# why: {self.why}\n" if self.why else "")
-        if self.also:
-            text += "# also set: " + shell_line([], dict(self.also)).strip() + "\n"
+        if also:
+            text += "# also set: " + shell_line([], also).strip() + "\n"
         return text
 
 
@@ -73,20 +78,17 @@ def as_shown(echo: bool | Shown) -> Shown:
     return echo if isinstance(echo, Shown) else Shown(echo=bool(echo))
 
 
-def environment_and_shown(argv: list[str], env: dict[str, str | None] | None, offline: bool,
-                          echo: bool | Shown) -> tuple[dict, Shown]:
-    """The command's whole environment and what the cell shows. ``env`` is added to this process'
-    environment (a None value removes that variable) and shown in the printed command; the ``# also set:``
-    line names what is set beyond it (the offline and UTF-8 switches, unbuffered output)."""
+def environment(env: dict[str, str | None] | None, offline: bool) -> tuple[dict, dict[str, str]]:
+    """(the command's whole environment, what it sets beyond ``env``). ``env`` is added to this process' environment
+    (a None value removes that variable) and shown in the printed command; the ``# also set:`` line names the rest
+    (the offline and UTF-8 switches, unbuffered output)."""
     base = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", PYTHONUTF8="1")
     full_env = {k: v for k, v in {**base, **(OFFLINE_ENV if offline else {}), **(env or {})}.items() if v is not None}
-    given = {k: v for k, v in (env or {}).items() if v is not None}
-    shown = as_shown(echo)
-    also = tuple((k, v) for k, v in full_env.items() if k not in given and os.environ.get(k) != v)
+    also = {k: v for k, v in full_env.items() if (env or {}).get(k) is None and os.environ.get(k) != v}
     # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
     # torchinductor_* folders in the temp dir at every launch otherwise.
     full_env["TMPDIR"] = tempfile.mkdtemp(prefix="nbtools-tmp-")
-    return full_env, replace(shown, command=shown.command or shell_line(argv, given), also=also)
+    return full_env, also
 
 
 def run_command(
@@ -101,14 +103,27 @@ def run_command(
 ) -> CommandResult:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
-    ``env``: see ``environment_and_shown``. ``echo``: print the command and stream its output (True), nothing (False),
+    ``env``: see ``environment``. ``echo``: print the command and stream its output (True), nothing (False),
     or a ``Shown``. A non-zero exit, an error marker (diagnose.ERROR_MARKERS) or the timeout raises,
-    unless ``check`` is False (the timeout always raises). The CommandResult is built here only (a launch adds its plan and
-    port to it).
+    unless ``check`` is False (the timeout always raises): ``settle``.
     """
-    full_env, shown = environment_and_shown(argv, env, offline, echo)
+    shown = as_shown(echo)
+    command = shown.command or shell_line(argv, {k: v for k, v in (env or {}).items() if v is not None})
+    return settle(_run(argv, env, cwd, timeout, offline, shown, command), check)
+
+
+def settle(result: CommandResult | None, check: bool) -> CommandResult | None:
+    """The one place a failure raises (the verdict is diagnose.judged's): any failure where ``check``, a timeout
+    always; else the result, failed or not."""
+    if result is not None and result.error is not None and (check or isinstance(result.error, LaunchTimeout)):
+        raise result.error
+    return result
+
+
+def _run(argv, env, cwd, timeout, offline: bool, shown: Shown, command: str) -> CommandResult:
+    full_env, also = environment(env, offline)
     try:
-        return _stream(argv, full_env, cwd, timeout, check, shown)
+        return _stream(argv, full_env, cwd, timeout, shown, command, also)
     finally:
         shutil.rmtree(full_env["TMPDIR"], ignore_errors=True)
 
@@ -164,11 +179,12 @@ class _Output:
         return "".join(self.lines)
 
 
-def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> CommandResult:
-    """Start ``argv`` under a guardian (guardian.py), pump its output, stop its tree on any way out."""
+def _stream(argv, full_env, cwd, timeout, shown: Shown, command: str, also: dict) -> CommandResult:
+    """Start ``argv`` under a guardian (guardian.py), pump its output, stop its tree on any way out; the result
+    as diagnose.judged reads it (a timeout's: LaunchTimeout)."""
     out = sys.stdout
     if shown.echo:
-        print(shown.announce(shown.command), end="", flush=True)
+        print(shown.announce(command, also), end="", flush=True)
     start = time.monotonic()
     proc = _guarded(argv, full_env, cwd, stdout=subprocess.PIPE)
     output = _Output(proc, out if shown.echo else None)
@@ -176,11 +192,11 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> CommandResult:
     try:
         while not output.eof or proc.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                _stop_at_timeout(proc, output, argv, start, timeout, shown)
+                return _stop_at_timeout(proc, output, argv, start, timeout, shown, command)
             output.read()
     except KeyboardInterrupt:
         n = len(_halt(proc).get("killed") or [])
-        print(f"\n[nbtools] interrupted: stopped `{shown.command[:80]}` and every process it started"
+        print(f"\n[nbtools] interrupted: stopped `{command[:80]}` and every process it started"
               f"{f' ({n} had to be killed)' if n else ''}; none is left running.", file=out, flush=True)
         raise
     finally:
@@ -190,27 +206,25 @@ def _stream(argv, full_env, cwd, timeout, check, shown: Shown) -> CommandResult:
     output.drain()
     status = _status(proc)
     if status.get("returncode") is None:
-        raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {shown.command}")
-    _, notes = benign_blocks(output.text, status["returncode"])
-    result = CommandResult(shown.command, list(argv), status["returncode"], output.text, time.monotonic() - start,
-                           killed=status.get("killed") or [], as_written=shown.as_written, notes=notes)
-    if shown.echo and notes:
-        print("".join(note + "\n" for note in notes), end="", file=out, flush=True)
-    if check:  # the one place that decides whether a failure raises (a launch decides only whether to rerun)
-        raise_on_failure(result)
+        raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {command}")
+    result = judged(command, argv, status["returncode"], output.text, time.monotonic() - start,
+                    status.get("killed") or [], shown.as_written)
+    if shown.echo and result.notes:
+        print("".join(note + "\n" for note in result.notes), end="", file=out, flush=True)
     return result
 
 
-def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown) -> None:
-    """The launch ran past ``timeout``: stop its tree and raise LaunchTimeout with what it printed."""
+def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown, command: str) -> CommandResult:
+    """The launch ran past ``timeout``: stop its tree; its result fails with LaunchTimeout and what it printed."""
     output.drain()
     before = output.text  # what it printed before we stopped it
     status = _halt(proc)
     output.close()
     output.drain(echo=False)
-    result = CommandResult(shown.command, list(argv), -9, output.text, time.monotonic() - start,
-                           killed=status.get("killed") or [], as_written=shown.as_written)
-    raise LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
+    result = CommandResult(command, list(argv), -9, output.text, time.monotonic() - start,
+                           killed=status.get("killed") or [], as_written=shown.as_written, clean=output.text)
+    result.error = LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
+    return result
 
 
 def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
@@ -233,20 +247,24 @@ def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
     )
 
 
-def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = True, echo: bool | Shown = True) -> Background:
+def start_background(argv: list[str], *, env=None, cwd=None, offline: bool = True, echo: bool | Shown = True,
+                     command: str | None = None) -> Background:
     """Start ``argv`` under a guardian and return at once (a terminal's ``command > log 2>&1 &``); its
-    output goes to ``<script>.log`` in ``cwd``. ``env``, ``offline``, ``echo``: as for ``run_command``."""
-    full_env, shown = environment_and_shown(argv, env, offline, echo)
+    output goes to ``<script>.log`` in ``cwd``. ``env``, ``offline``, ``echo``: as for ``run_command``; ``command``:
+    the line printed (default: the echo's, else ``argv`` with ``env``)."""
+    shown = as_shown(echo)
+    command = command or shown.command or shell_line(argv, {k: v for k, v in (env or {}).items() if v is not None})
+    full_env, also = environment(env, offline)
     script = next((a for a in argv[1:] if a.endswith(".py")), argv[0])
     log = Path(cwd or os.getcwd()) / f"{Path(script).stem}.log"
     if shown.echo:
-        print(replace(shown, as_written=shown.as_written and f"{shown.as_written} &").announce(
-            f"{shown.command} > {log.name} 2>&1 &"), end="", flush=True)
+        print(Shown(as_written=shown.as_written and f"{shown.as_written} &", why=shown.why).announce(
+            f"{command} > {log.name} 2>&1 &", also), end="", flush=True)
     with open(log, "wb") as out:
         proc = _guarded(argv, full_env, cwd, stdout=out)
     if shown.echo:
         print(f"[nbtools] running in the background (guardian pid {proc.pid}); output in {log.name}")
-    return Background(shown.command, proc, log, full_env["TMPDIR"])
+    return Background(command, proc, log, full_env["TMPDIR"])
 
 
 def stop_background() -> list[int]:
@@ -269,7 +287,7 @@ class Background:
     def __init__(self, command, proc, log, private_tmp):
         self.command, self.proc, self.log, self._tmp = command, proc, log, private_tmp
         self.pid = proc.pid  # the guardian's; `python -m nbtools ps` lists the launch under it
-        self.plan: LaunchPlan | None = None
+        self.plan: LaunchSpec | None = None
         self.port: int | None = None
         self.returncode: int | None = None
         self._ended_status: dict | None = None  # the guardian's status line, read once
@@ -349,3 +367,111 @@ def _halt(proc: subprocess.Popen, how: str = "stop") -> dict:
         return _status(proc)
 
 
+
+
+# ---------------------------------------------------------------- running what decide.py decided
+
+MAX_ABORT_RERUNS = 2  # reruns of a CPU launch whose only failure is gloo aborting a rank at exit
+ABORT_RERUN_SAID = "running the whole launch again"  # in the line a rerun prints (the bench counts them)
+_PORT_IN_USE = re.compile(r"address already in use|EADDRINUSE|errno: 98", re.IGNORECASE)
+
+
+def write_files(files) -> None:
+    """Each (path, text) a spec names, rewritten only where it differs, and whole (a process starting meanwhile never
+    reads half a file): the launch's config file, the hidden-cards shim (decide.py decides both, writes neither)."""
+    for name, text in files:
+        path = Path(name)
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.with_suffix(f".{os.getpid()}").write_text(text, encoding="utf-8")
+            os.replace(path.with_suffix(f".{os.getpid()}"), path)
+
+
+def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline: bool = True, echo: bool = True,
+           as_written: str | None = None, timeout_name: str | None = None, background: bool = False,
+           together: Callable[[], CommandResult | None] | None = None) -> CommandResult | Background | None:
+    """Run the launch ``specs`` decided (decide.launch_spec): the files they name written first; on a port taken
+    meanwhile retry on another; on a gloo teardown abort rerun, at most twice; a failure raised by ``settle``.
+    ``together``: 06's machines, run at once (machines.run_all), answering the failure that decides a rerun (None: all
+    passed); one spec otherwise, its output streamed, printed as ``Shown`` says (built once, from the spec).
+
+    torch's gloo aborts a rank at exit now and then, after all its work and even after
+    ``end_training()`` (measured on a 2-core CPU with torch 2.14.1: about 1 launch in 8 of an
+    evaluation script). Each rerun is said in the cell; a third abort fails the launch.
+    """
+    specs = [specs] if isinstance(specs, LaunchSpec) else specs
+    spec, written = specs[0], specs[0].call.command
+    write_files(f for s in specs for f in s.files)
+    shown = Shown(echo, None, as_written or (written.text if written else None), spec.why, timeout_name or spec.timeout_name)
+    if echo and spec.notes and together is None:
+        print("\n".join(spec.notes))
+    abort_reruns, tries = 0, 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
+    for attempt in range(tries):
+        port = None if together or spec.machine or spec.num_processes == 1 else spec.port or free_port()
+        if background:
+            bg = start_background(spec.argv(port), env=spec.run_env(), cwd=spec.cwd, offline=offline, echo=shown,
+                                  command=spec.shown(port))
+            bg.plan, bg.port = spec, port
+            return bg
+        if together is None:
+            result = _run(spec.argv(port), spec.run_env(), spec.cwd, spec.timeout, offline, shown, spec.shown(port))
+            result.plan, result.port = spec, port  # the result of this launch, with its spec and port
+        else:
+            result = together()
+        if attempt + 1 == tries or (retry := _retry_reason(result, spec, abort_reruns)) is None:
+            break
+        abort_reruns += retry == "abort"
+        if echo:
+            print(retry_line(retry, port, abort_reruns, spec))
+    return settle(result, check) if together is None else result  # the machines' failure is theirs to compose
+
+
+def _retry_reason(result: CommandResult | None, spec: LaunchSpec, abort_reruns: int) -> str | None:
+    """"port" (taken meanwhile), "abort" (a gloo teardown abort after the work) or None: keep this result (a timeout is
+    never run again). The machines of 06 and a single launch both ask here."""
+    if result is None or result.returncode == 0 or isinstance(result.error, LaunchTimeout):
+        return None
+    if spec.port is None and not spec.machine and spec.num_processes > 1 and _PORT_IN_USE.search(result.output):
+        return "port"
+    return "abort" if abort_reruns < MAX_ABORT_RERUNS and gloo_exit_abort(result.output, spec) else None
+
+
+def retry_line(reason: str, port: int | None, abort_reruns: int, spec: LaunchSpec) -> str:
+    if reason == "port":
+        return f"[nbtools] port {port} was taken meanwhile; retrying on another free port"
+    whose = ("torch's gloo on CPU" if spec.kind == "cpu" else
+             "the simulated NPU's transport, which is torch's gloo under a simulated hccl: not a property of hccl")
+    return ("[nbtools] a rank aborted while exiting AFTER its work ('terminate called without an active "
+            f"exception': a known teardown race of {whose}); {ABORT_RERUN_SAID} "
+            f"({abort_reruns} of at most {MAX_ABORT_RERUNS}) -- the output below is what the checks see")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchOptions:
+    """The rest of what ``accelerate_launch`` takes, by name: a misspelt one is a TypeError naming it here."""
+
+    env: dict[str, str] | None = None  # the written launch: variables in front, flags before the script
+    extra_flags: tuple[str, ...] = ()
+    cwd: str | os.PathLike | None = None
+    info: DeviceInfo | None = None
+    check: bool = True  # how it runs (launch)
+    offline: bool = True
+    background: bool = False
+    echo: bool = True  # what is shown
+    as_written: str | None = None
+    timeout_name: str = "timeout_s"
+    fit: bool = False  # the learner's own job: fewer cards than --num_processes shrinks the count (decide.plan)
+
+
+def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processes: int | None = None,
+                      mixed_precision: str | None = None, device: str | None = None,
+                      timeout: float | None | object = FROM_SESSION,
+                      options: LaunchOptions = LaunchOptions()) -> CommandResult | Background:
+    """``accelerate launch script ...`` on ``num_processes`` ranks, decided by decide.launch_spec and run by
+    ``launch``; the why line is always the one the launch rule derives. None: from the open session, else the defaults."""
+    o = options
+    call = LaunchCall.of(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision, env=o.env,
+                         extra_flags=o.extra_flags)  # a port: ("--main_process_port", N) among them
+    spec = launch_spec(call, info=o.info, device=device, timeout=timeout, cwd=o.cwd, fit=o.fit)
+    return launch(spec, check=o.check, offline=o.offline, echo=o.echo, as_written=o.as_written,
+                  timeout_name=o.timeout_name, background=o.background)

@@ -1,11 +1,12 @@
 """The machines of a multi-machine job, run at once on one host (06_multi_node; README, "What runs where").
 
 - ``stand_in(text)``: the command that stands in here for one machine's ``accelerate launch`` as written for
-  two Ascend hosts, decided by the normaliser (launcher.launch_spec, ``machine=True``): CPU ranks, its flags as
-  written, precision checked, this environment's ACCELERATE_* removed; a gloo teardown abort reruns every machine.
+  two Ascend hosts, decided by the normaliser (decide.launch_spec, ``machine=True``): CPU ranks, its flags as
+  written, precision checked, this environment's ACCELERATE_* removed.
 - ``run_all(jobs)``: every job through ``guarded.run_command`` in its own thread; the first failure stops the
   others (they would wait for it at the rendezvous), and so does Ctrl-C.
-- ``run_machines(texts)``: both, printing each machine's command as written, what runs and why, its output.
+- ``run_machines(texts)``: both, through guarded.launch (the launcher's rerun loop: a gloo teardown abort reruns every
+  machine), printing each machine's command as written, what runs and why, its output.
 
 A job's processes carry a marker variable (``NBTOOLS_MACHINE``, found by proctree.marked) and are stopped
 through their guardian.
@@ -19,11 +20,10 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from . import commands
-from .diagnose import CommandResult, benign_blocks
+from .decide import LaunchSpec, launch_spec, parse_launch, shell_line
+from .diagnose import CommandResult
 from .errors import LaunchError, LaunchTimeout
-from .guarded import Shown, run_command
-from .launcher import LaunchSpec, abort_rerun, launch_spec, retry_line
+from .guarded import Shown, launch, run_command
 from .proctree import marked, stop_from_top, tops
 
 MACHINE_ENV = "NBTOOLS_MACHINE"  # "<run id>-<job index>" on every process of one job
@@ -42,7 +42,7 @@ class Job:
     @property
     def shown(self) -> str:
         """The real command as a learner would type it (program name, not its full path)."""
-        return self.spec.shown(None) if self.spec else commands.shell_line(self.argv, self.env)
+        return self.spec.shown(None) if self.spec else shell_line(self.argv, self.env)
 
 
 @dataclass
@@ -61,8 +61,9 @@ class Outcome:
 
 def stand_in(text: str, folder: str | os.PathLike = ".") -> Job:
     """The command that stands in here for one machine's ``accelerate launch``, as written for real hosts, decided by
-    the normaliser (launcher.launch_spec, ``machine=True``); the config file it names is written into ``folder``."""
-    spec = launch_spec(commands.parse_launch(text), cwd=folder, timeout=None, machine=True)
+    the normaliser (decide.launch_spec, ``machine=True``); the config file it names goes into ``folder`` (written by
+    guarded.launch)."""
+    spec = launch_spec(parse_launch(text), cwd=folder, timeout=None, machine=True)
     return Job(spec.argv(None), spec.run_env(), spec.call.command.text, spec.why, spec)
 
 
@@ -147,7 +148,7 @@ def print_outcomes(outcomes: list[Outcome], name: str = "machine") -> None:
     for rank, o in enumerate(outcomes):
         state = "stopped" if o.stopped else ("FAILED" if o.error else "ok")
         print(f"===== {name} {rank} ({state}) =====")
-        text, notes = benign_blocks(o.output, o.result.returncode if o.result is not None else 1)
+        text, notes = (o.result.clean, o.result.notes) if o.result is not None else ("", [])  # read once (judged)
         print("\n".join([text.rstrip(), *notes]).strip())
 
 
@@ -158,12 +159,16 @@ def run_machines(texts: list[str], *, timeout: float | None, timeout_name: str =
         print(f"# machine {rank}:")
         print(Shown(as_written=job.as_written, why=job.why if rank == 0 else "").announce(job.shown).rstrip())
     start = time.monotonic()
-    reruns = 0
-    outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
-    while (first := first_failure(outcomes)) is not None and abort_rerun(outcomes[first].result, jobs[0].spec.plan, reruns):
-        reruns += 1  # a gloo teardown abort after the work: every machine again, as the launcher reruns a launch
-        print(retry_line("abort", None, reruns, jobs[0].spec.plan))
-        outcomes = run_all(jobs, timeout=timeout, timeout_name=timeout_name)
+    runs: list[list[Outcome]] = []
+
+    def together() -> CommandResult | None:
+        """Every machine at once; the result of the one that failed first decides a rerun (None: all passed)."""
+        runs.append(run_all(jobs, timeout=timeout, timeout_name=timeout_name))
+        first = first_failure(runs[-1])
+        return None if first is None else runs[-1][first].result
+
+    launch([job.spec for job in jobs], check=False, together=together)  # the launcher's rerun loop, for every machine
+    outcomes = runs[-1]
     print_outcomes(outcomes)
     error = failure_error(outcomes, timeout)
     if error is not None:

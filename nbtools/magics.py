@@ -2,14 +2,14 @@
 
 ``%load_ext nbtools`` registers them. Each prints ``$ <command as written>``, then, where this machine
 needs another command for the same meaning, ``# runs here as: <real>`` and ``# why: <one line>``
-(rules in commands.py and launcher.py), streams the output (guarded.run_command underneath: timeout,
+(rules in commands.py and decide.py), streams the output (guarded.run_command underneath: timeout,
 whole process tree stopped, error markers) and returns an ``nbtools.CommandResult``.
 
 Options before the command: ``--timeout S``, ``--allow-fail`` (return the CommandResult instead of raising),
 ``--online`` (let Hugging Face reach the network), and for ``%launch`` ``--background`` (return a
 ``guarded.Background`` at once; its tree is stopped by ``stop()``, ``S.close()`` or the kernel's end) and ``--fit``
 (the learner's own job: fewer visible cards than ``--num_processes`` shrinks the count, the ranks run on the cards,
-and the why line says so; ``DeviceInfo.plan``). Without ``nbtools.setup`` the magics use device
+and the why line says so; ``decide.plan``). Without ``nbtools.setup`` the magics use device
 "auto", the kernel's cwd and a 600 s timeout.
 """
 
@@ -23,12 +23,11 @@ import sys
 from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
 
 from . import commands, session
+from .decide import DEFAULT_TIMEOUT_S, FROM_SESSION, launch_spec, parse_launch
 from .device import detect
 from .diagnose import CommandResult
-from .errors import LaunchError, ParameterError
-from .guarded import Shown, run_command
-from .launcher import FROM_SESSION, launch, launch_spec
-from .params import DEFAULT_TIMEOUT_S
+from .errors import LaunchTimeout, ParameterError
+from .guarded import Shown, launch, run_command
 
 _FIELD = re.compile(r"(?<!\{)\{([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)\}(?!\})")
 _NAME = re.compile(r"^[A-Za-z_]\w*$")
@@ -74,10 +73,8 @@ def expand_outside_program(text: str, namespace: dict) -> str:
     return expand_fields(text, namespace)
 
 
-def _failed(exc: LaunchError, written: commands.WrittenCommand) -> CommandResult:
-    """--allow-fail: hand back the failed run's CommandResult (the failure is printed, not raised)."""
-    if exc.result is None or not written.allow_fail:
-        raise exc
+def _allowed(exc: LaunchTimeout) -> CommandResult:
+    """--allow-fail: a timeout, which always raises, hands back its CommandResult (the failure printed, not raised)."""
     print(f"[nbtools] --allow-fail: {str(exc).splitlines()[0]}")
     return exc.result
 
@@ -95,25 +92,27 @@ def run_written(text: str) -> CommandResult:
     shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
                   as_written=written.text, why=real.why_line,  # kept on the CommandResult (run_command builds it)
                   timeout_name="--timeout" if written.timeout else "timeout_s" if s else "the default timeout")
+    if not written.allow_fail:
+        return run_command(real.argv, env=real.env, timeout=written.timeout or timeout, offline=not written.online,
+                           echo=shown)
     try:
-        return run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
-                           check=not written.allow_fail, offline=not written.online, echo=shown)
-    except LaunchError as exc:
-        return _failed(exc, written)
+        return run_command(real.argv, env=real.env, timeout=written.timeout or timeout, check=False,
+                           offline=not written.online, echo=shown)
+    except LaunchTimeout as exc:
+        return _allowed(exc)
 
 
 def run_launch(text: str) -> CommandResult:
-    """``%launch``: a written ``accelerate launch`` run with this machine's launch plan."""
-    call = commands.parse_launch(text)
-    written = call.command
-    timeout_name = "--timeout" if written.timeout else "timeout_s" if session.current() else "the default timeout"
-    shown = Shown(as_written=written.text, timeout_name=timeout_name)
-    try:  # what is not written comes from the session (launch_spec, the normaliser)
-        spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
-        return launch(spec, check=not written.allow_fail, offline=not written.online, echo=shown,
-                      background=written.background)
-    except LaunchError as exc:
-        return _failed(exc, written)
+    """``%launch``: a written ``accelerate launch``, decided by decide.launch_spec (what is not written comes from
+    the session) and run by guarded.launch."""
+    written = (call := parse_launch(text)).command
+    spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
+    if not written.allow_fail:
+        return launch(spec, offline=not written.online, background=written.background)
+    try:
+        return launch(spec, check=False, offline=not written.online, background=written.background)
+    except LaunchTimeout as exc:
+        return _allowed(exc)
 
 
 @magics_class

@@ -1,5 +1,5 @@
-"""Validate notebook parameters before any process starts, and convert ``-p NAME=VALUE`` by each notebook's
-defaults (the work folder is workdir.py's).
+"""Notebook parameters: ``-p NAME=VALUE`` converted by each notebook's defaults, and the checks for a notebook's
+own parameters (the common ones, ``validate``, are decide.py's; the work folder is workdir.py's).
 
 Checks for a notebook's own parameters (``nbtools.setup`` checks the common ones).
 
@@ -14,43 +14,9 @@ import ast
 import math
 import os
 
-# whole_numbers lives with the device rules it serves (num_processes); the notebooks import it from here
-from .device import DeviceInfo, detect, known_device, whole_numbers
-from .errors import DeviceError, ParameterError
-
-DEFAULT_TIMEOUT_S = 600  # seconds a session's launches and commands may run (setup, the magics, a launch in code)
-
-
-def validate(
-    *,
-    device: str = "auto",
-    num_processes: int | None = None,
-    mixed_precision: str | None = None,
-    timeout_s: float | None = None,
-    info: DeviceInfo | None = None,
-    require_healthy: bool = True,
-) -> DeviceInfo:
-    """Raise ParameterError naming the parameter and the accepted values; return the device info.
-
-    A broken setup (e.g. torch_npu without CANN) raises DeviceError with the fix, unless
-    ``require_healthy`` is False (a notebook that explains the fix must still run).
-    """
-    known_device(device)
-    if num_processes is not None:
-        whole_numbers(1, num_processes=num_processes)
-    if timeout_s is not None and (not isinstance(timeout_s, (int, float)) or timeout_s <= 0):
-        raise ParameterError(f"parameter timeout_s={timeout_s!r} is invalid; accepted: a number of seconds > 0")
-    info = info or detect()
-    blocking = [p for p in info.problems if p.blocking]
-    if blocking and require_healthy:
-        raise DeviceError(
-            "the setup is broken: " + "; ".join(f"{p.what}\n  fix: {p.fix}" for p in blocking)
-            + "\n(`python -m nbtools doctor` checks the whole setup)"
-        )
-    info.resolve(device)  # DeviceError (names device=..., what is here and what to use)
-    if mixed_precision is not None:  # on the kind the plan of num_processes runs on (the normaliser asks the same rule)
-        info.check_precision(mixed_precision, info.plan(num_processes, device).kind)
-    return info
+# The parameter rules live with the launch rule they serve (decide.py); the notebooks import whole_numbers from here
+from .decide import DEFAULT_TIMEOUT_S, known_device, validate, whole_numbers  # noqa: F401
+from .errors import ParameterError
 
 
 # --- notebook parameters: what a notebook declares, and `-p NAME=VALUE` converted by its defaults ---

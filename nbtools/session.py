@@ -15,22 +15,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import proctree, workdir
+from .decide import DEFAULT_TIMEOUT_S, LaunchSpec, cards, cpu_stands_in, plan, resolve, validate
 from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo
 from .expected import parse_kv
 from .guarded import MARKER_ENV, stop_background
 from .lang import msg
-from .params import DEFAULT_TIMEOUT_S, validate
-from .plan import LaunchPlan, cpu_stands_in
 from .workdir import cleanup, unattended
 
 NEEDS_REAL_NPU = msg("session.needs_real_npu", "zh")  # the Chinese edition's words (only_on_npu uses the notebook's)
 
-_CURRENT: Session | None = None
+OPEN: Session | None = None  # the open session of this kernel: setup's, until it is closed (the launch rule reads it)
 
 
 def current() -> Session | None:
     """The open session of this kernel, if ``setup`` was called (and not closed)."""
-    return _CURRENT if _CURRENT is not None and not _CURRENT.closed else None
+    return OPEN
 
 
 @dataclass(frozen=True)
@@ -69,7 +68,7 @@ class Expected:
 @dataclass
 class Session:
     info: DeviceInfo
-    plan: LaunchPlan
+    plan: LaunchSpec  # the route a launch of num_processes takes here (decide.plan)
     device_param: str  # the `device` parameter as given ('auto', ...): what launches are planned for
     num_processes: int
     timeout_s: float
@@ -81,7 +80,7 @@ class Session:
     @property
     def device(self) -> str:
         """The kind the single-device checks run on (npu / cuda / cpu): the device parameter, resolved here."""
-        return self.info.resolve(self.device_param)
+        return resolve(self.info, self.device_param)
 
     def fitted(self, n: int | None = None) -> int:
         """The count a fitted launch (``%launch --fit``, the learner's own job) of ``n`` ranks uses here, from the
@@ -131,7 +130,7 @@ class Session:
         ("4,5" where ASCEND_RT_VISIBLE_DEVICES=4,5,6,7 is set: a shared host's other cards stay untouched);
         0, 1, ... where no card is visible. Asked for more than it may use, the numbers after its last card follow
         ("4,5,6" for 3 where 4,5 are visible: ascending, no card twice; the plan falls back to the CPU there)."""
-        return ",".join(self.info.cards(self.num_processes if n is None else n))
+        return ",".join(cards(self.info, self.num_processes if n is None else n))
 
     # The quick-start-style device list for num_processes ("0,1" for 2; the plan's own on NPU and CUDA): cards()
     visible = property(cards)
@@ -149,13 +148,13 @@ class Session:
 
     def close(self) -> None:
         """Back to the original cwd; remove the work folder if nbtools made it and it is not kept."""
-        global _CURRENT
+        global OPEN
         if self.closed:
             print(msg("session.closed_already", cwd=Path.cwd()))
             return
         self.closed = True
-        if _CURRENT is self:
-            _CURRENT = None
+        if OPEN is self:
+            OPEN = None
         for pid in stop_launches():
             print(msg("session.stopped_background", pid=pid))
         try:
@@ -202,19 +201,19 @@ def setup(
     A broken setup (torch_npu without CANN, ...) stops here with the fix, unless ``allow_broken``:
     the orientation notebook, which teaches that fix, runs anyway and prints the problem.
     """
-    global _CURRENT
+    global OPEN
     origin = Path.cwd()
-    if _CURRENT is not None and not _CURRENT.closed:  # the setup cell run again: start from the same place
-        origin = _CURRENT.origin
-        _CURRENT.close()
+    if OPEN is not None:  # the setup cell run again: start from the same place
+        origin = OPEN.origin
+        OPEN.close()
     info = validate(
         device=device, num_processes=num_processes, timeout_s=timeout_s, info=info, require_healthy=not allow_broken
     )
-    plan = info.plan(num_processes, device)  # None: the one default count (device.DEFAULT_PROCESSES)
+    route = plan(info, num_processes, device)  # None: the one default count (decide.DEFAULT_PROCESSES)
     # given: that folder; else a persistent one under origin in interactive use, a private temporary one unattended
     work = workdir.work_dir(work_dir, keep=keep_work_dir, persistent=not work_dir and not unattended(), base=origin)
-    session = Session(info, plan, device, plan.num_processes, timeout_s, work, keep_work_dir, origin)
+    session = Session(info, route, device, route.num_processes, timeout_s, work, keep_work_dir, origin)
     os.chdir(work)
-    _CURRENT = session
+    OPEN = session
     print("\n".join(session.platform_lines()))
     return session

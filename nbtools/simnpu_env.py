@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from .errors import ParameterError
-from .plan import in_front
+from .decide import in_front
 
 SIMNPU_ROOT = Path(__file__).resolve().parent.parent / "simnpu"
 # The cards a teacher can rehearse: the quick-start's 910B, and a 310P-like card without bf16.
