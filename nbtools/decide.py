@@ -28,6 +28,7 @@ import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field, replace
+from functools import cache
 from pathlib import Path
 
 from .device import BACKENDS, DISTRIBUTED_TYPES, SIMULATED, VISIBLE_VARS, DeviceInfo, cache_root, detect, listed_ids
@@ -165,7 +166,7 @@ def _join_continuations(text: str) -> str:
 def parse(text: str) -> WrittenCommand:
     """Options, env prefix and argv of a written command (shlex words; it may span lines)."""
     try:
-        words = shlex.split(_join_continuations(text), posix=True)
+        words = shlex.split(_join_continuations(text) if "\\" in text or "\n" in text else text, posix=True)
     except ValueError as exc:  # unbalanced quotes
         raise ParameterError(f"cannot parse the command ({exc}): {text.strip()[:200]}") from None
     timeout, switches = None, dict.fromkeys(SWITCHES, False)
@@ -305,8 +306,10 @@ def shell_line(argv: list[str], env: dict[str, str | None] | None = None) -> str
     return (prefix + " " if prefix else "") + " ".join(_quote(w) for w in argv)
 
 
+@cache
 def executable(name: str) -> str:
-    """The program ``name`` of the kernel's own environment (beside sys.executable), else PATH."""
+    """The program ``name`` of the kernel's own environment (beside sys.executable), else PATH; found once (a
+    program not found is looked for again at the next call)."""
     local = Path(sys.executable).with_name(name)
     if local.exists():
         return str(local)
@@ -527,13 +530,9 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
                                                                  *call.extra_flags)
     spec = replace(route, call=call, env={**run_env, **dict.fromkeys(unset), **started}, head=head, notes=notes,
                    timeout=timeout, cwd=folder, port=None if port is None or machine else int(port), machine=machine,
-                   files=route.files + files, timeout_name=_timeout_name(call, s))
+                   files=route.files + files, timeout_name="--timeout" if call.command and call.command.timeout else
+                   "timeout_s" if s or not call.command else "the default timeout")  # where its timeout came from
     return replace(spec, why=why_line(spec, route.why, started, precision, n, bool(s)))
-
-
-def _timeout_name(call: LaunchCall, s) -> str:
-    """The parameter a timeout message tells the learner to raise: where this launch's timeout came from."""
-    return "--timeout" if call.command and call.command.timeout else "timeout_s" if s or not call.command else "the default timeout"
 
 
 def why_line(spec: LaunchSpec, route: str, started: dict, precision: str, asked: int, from_session: bool) -> str:

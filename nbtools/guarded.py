@@ -85,9 +85,6 @@ def environment(env: dict[str, str | None] | None, offline: bool) -> tuple[dict,
     base = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONIOENCODING="utf-8", PYTHONUTF8="1")
     full_env = {k: v for k, v in {**base, **(OFFLINE_ENV if offline else {}), **(env or {})}.items() if v is not None}
     also = {k: v for k, v in full_env.items() if (env or {}).get(k) is None and os.environ.get(k) != v}
-    # A private TMPDIR, removed afterwards: torch elastic and torch leave torchelastic_* and
-    # torchinductor_* folders in the temp dir at every launch otherwise.
-    full_env["TMPDIR"] = tempfile.mkdtemp(prefix="nbtools-tmp-")
     return full_env, also
 
 
@@ -109,7 +106,7 @@ def run_command(
     """
     shown = as_shown(echo)
     command = shown.command or shell_line(argv, {k: v for k, v in (env or {}).items() if v is not None})
-    return settle(_run(argv, env, cwd, timeout, offline, shown, command), check)
+    return settle(_stream(argv, env, cwd, timeout, offline, shown, command), check)
 
 
 def settle(result: CommandResult | None, check: bool) -> CommandResult | None:
@@ -118,14 +115,6 @@ def settle(result: CommandResult | None, check: bool) -> CommandResult | None:
     if result is not None and result.error is not None and (check or isinstance(result.error, LaunchTimeout)):
         raise result.error
     return result
-
-
-def _run(argv, env, cwd, timeout, offline: bool, shown: Shown, command: str) -> CommandResult:
-    full_env, also = environment(env, offline)
-    try:
-        return _stream(argv, full_env, cwd, timeout, shown, command, also)
-    finally:
-        shutil.rmtree(full_env["TMPDIR"], ignore_errors=True)
 
 
 class _Output:
@@ -145,43 +134,36 @@ class _Output:
             self._q.put(raw.decode("utf-8", errors="replace"))
         self._q.put(None)
 
-    def _take(self, item: str | None, echo: bool = True) -> None:
-        if item is None:
-            self.eof = True
-            return
-        item = unglue_warning(item)
-        self.lines.append(item)
-        if echo and self.out is not None:
-            self.out.write(item)
-            self.out.flush()
-
-    def read(self) -> None:
-        """Take the next line, waiting up to 0.1 s (after end-of-file: until the guardian exits, at most 0.1 s)."""
+    def read(self, wait: float | None = 0.1, echo: bool = True) -> None:
+        """Take every line that has come, waiting up to ``wait`` s for the first (None: not waiting); after
+        end-of-file, wait up to ``wait`` s for the guardian to exit instead."""
         if self.eof:
             with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(timeout=0.1)
+                self.proc.wait(timeout=wait or 0)
             return
         with contextlib.suppress(queue.Empty):
-            self._take(self._q.get(timeout=0.1))
+            item = self._q.get(timeout=wait) if wait else self._q.get_nowait()
+            while item is not None:
+                item = unglue_warning(item)
+                self.lines.append(item)
+                if echo and self.out is not None:
+                    self.out.write(item)
+                    self.out.flush()
+                item = self._q.get_nowait()
+            self.eof = True
 
-    def drain(self, echo: bool = True) -> None:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                self._take(self._q.get_nowait(), echo)
-
-    def close(self) -> None:
+    def close(self, echo: bool = True) -> None:
+        """The reader joined, the pipe closed (unless something still holds it), and what is left taken."""
         self._reader.join(timeout=5)
         if not self._reader.is_alive() and self.proc.stdout:  # else something still holds the pipe
             self.proc.stdout.close()
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
+        self.read(None, echo)
 
 
-def _stream(argv, full_env, cwd, timeout, shown: Shown, command: str, also: dict) -> CommandResult:
+def _stream(argv, env, cwd, timeout, offline: bool, shown: Shown, command: str) -> CommandResult:
     """Start ``argv`` under a guardian (guardian.py), pump its output, stop its tree on any way out; the result
     as diagnose.judged reads it (a timeout's: LaunchTimeout)."""
+    full_env, also = environment(env, offline)
     out = sys.stdout
     if shown.echo:
         print(shown.announce(command, also), end="", flush=True)
@@ -203,11 +185,11 @@ def _stream(argv, full_env, cwd, timeout, shown: Shown, command: str, also: dict
         if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
             _halt(proc)
         output.close()
-    output.drain()
+        shutil.rmtree(full_env["TMPDIR"], ignore_errors=True)
     status = _status(proc)
     if status.get("returncode") is None:
         raise LaunchError(f"the launch guardian failed: {status.get('reason')}\n  $ {command}")
-    result = judged(command, argv, status["returncode"], output.text, time.monotonic() - start,
+    result = judged(command, argv, status["returncode"], "".join(output.lines), time.monotonic() - start,
                     status.get("killed") or [], shown.as_written)
     if shown.echo and result.notes:
         print("".join(note + "\n" for note in result.notes), end="", file=out, flush=True)
@@ -216,13 +198,13 @@ def _stream(argv, full_env, cwd, timeout, shown: Shown, command: str, also: dict
 
 def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown, command: str) -> CommandResult:
     """The launch ran past ``timeout``: stop its tree; its result fails with LaunchTimeout and what it printed."""
-    output.drain()
-    before = output.text  # what it printed before we stopped it
+    output.read(None)
+    before = "".join(output.lines)  # what it printed before we stopped it
     status = _halt(proc)
-    output.close()
-    output.drain(echo=False)
-    result = CommandResult(command, list(argv), -9, output.text, time.monotonic() - start,
-                           killed=status.get("killed") or [], as_written=shown.as_written, clean=output.text)
+    output.close(echo=False)
+    text = "".join(output.lines)
+    result = CommandResult(command, list(argv), -9, text, time.monotonic() - start,
+                           killed=status.get("killed") or [], as_written=shown.as_written, clean=text)
     result.error = LaunchTimeout(timeout_message(result, before, timeout, shown.timeout_name), result)
     return result
 
@@ -236,6 +218,9 @@ def _guarded(argv, full_env, cwd, stdout) -> subprocess.Popen:
     if not exe or not os.path.exists(exe):
         raise LaunchError(f"cannot start `{argv[0]}`: no such program (is it installed in {sys.executable}'s environment?)")
     full_env[MARKER_ENV] = f"{uuid.uuid4().hex[:12]}:{os.getpid()}"
+    # A private TMPDIR, removed when it ends: torch elastic and torch leave torchelastic_* and
+    # torchinductor_* folders in the temp dir at every launch otherwise.
+    full_env["TMPDIR"] = tempfile.mkdtemp(prefix="nbtools-tmp-")
     return subprocess.Popen(
         [sys.executable, GUARDIAN, "--grace", str(proctree.GRACE), "--", *argv],
         stdin=subprocess.PIPE,  # our control line to the guardian; its end-of-file means we are gone
@@ -414,11 +399,13 @@ def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline:
             bg.plan, bg.port = spec, port
             return bg
         if together is None:
-            result = _run(spec.argv(port), spec.run_env(), spec.cwd, spec.timeout, offline, shown, spec.shown(port))
+            result = _stream(spec.argv(port), spec.run_env(), spec.cwd, spec.timeout, offline, shown, spec.shown(port))
             result.plan, result.port = spec, port  # the result of this launch, with its spec and port
         else:
             result = together()
-        if attempt + 1 == tries or (retry := _retry_reason(result, spec, abort_reruns)) is None:
+        if result is None or result.returncode == 0 or attempt + 1 == tries:  # passed, or tried enough
+            break
+        if (retry := _retry_reason(result, spec, abort_reruns)) is None:
             break
         abort_reruns += retry == "abort"
         if echo:
@@ -426,10 +413,10 @@ def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline:
     return settle(result, check) if together is None else result  # the machines' failure is theirs to compose
 
 
-def _retry_reason(result: CommandResult | None, spec: LaunchSpec, abort_reruns: int) -> str | None:
+def _retry_reason(result: CommandResult, spec: LaunchSpec, abort_reruns: int) -> str | None:
     """"port" (taken meanwhile), "abort" (a gloo teardown abort after the work) or None: keep this result (a timeout is
     never run again). The machines of 06 and a single launch both ask here."""
-    if result is None or result.returncode == 0 or isinstance(result.error, LaunchTimeout):
+    if isinstance(result.error, LaunchTimeout):
         return None
     if spec.port is None and not spec.machine and spec.num_processes > 1 and _PORT_IN_USE.search(result.output):
         return "port"
