@@ -46,9 +46,10 @@ import nbformat
 from IPython.core.inputtransformer2 import TransformerManager
 
 import nbtools
-from nbtools import commands, magics
+from nbtools import commands, decide, magics
 from nbtools.checks import SEED_CHECKS, check_ids
-from nbtools.launcher import ABORT_RERUN_SAID, launch_spec
+from nbtools.decide import launch_spec
+from nbtools.guarded import ABORT_RERUN_SAID, free_port, write_files
 from nbtools.params import NO_DEFAULT, parameter_defaults
 from nbtools.proctree import is_alive, remember, terminate_then_kill
 from nbtools.runner import SERIES_GLOB
@@ -140,9 +141,10 @@ def terminal_line(kind: str, text: str, info, device: str, cwd: Path) -> str | N
         except commands.CommandNotHere:  # npu-smi off an Ascend host: the notebook skips it too
             return None
         return commands.shell_line(real.argv, real.env)
-    call = commands.parse_launch(text)  # the count not written: the session's (launch_spec, the normaliser)
-    spec = launch_spec(call, info=info, device=device, timeout=None, cwd=cwd)  # writes the --config_file it names
-    return spec.shown(spec.next_port())
+    call = decide.parse_launch(text)  # the count not written: the session's (launch_spec, the normaliser)
+    spec = launch_spec(call, info=info, device=device, timeout=None, cwd=cwd)
+    write_files(spec.files)  # the --config_file it names, as a launch writes it
+    return spec.shown(spec.port or free_port() if spec.num_processes > 1 else None)
 
 
 def _bash(line: str, cwd: Path) -> tuple[int, str]:
@@ -323,13 +325,14 @@ def _spec_env(spec) -> dict:
 def launch_overhead(scratch: Path, repeat: int, log=print) -> dict:
     script = scratch / "tiny_launch.py"
     script.write_text(TINY)
-    spec = launch_spec(commands.LaunchCall.of(script), timeout=None, cwd=scratch)  # the launch nbtools runs
+    spec = launch_spec(decide.LaunchCall.of(script), timeout=None, cwd=scratch)  # the launch nbtools runs
+    write_files(spec.files)
     env = _spec_env(spec)
     ours_cmd = [sys.executable, "-m", "nbtools", "launch", str(script)]  # the same count: the one default
     _timed(ours_cmd)  # fills the probe cache, as any first call does
     plain, ours = [], []
     for i in range(repeat):  # pairs, their order alternating, so that a load change hits both alike
-        runs = {"plain": lambda: _timed(spec.argv(spec.next_port()), env=env, cwd=scratch),  # its config file is there
+        runs = {"plain": lambda: _timed(spec.argv(free_port() if spec.num_processes > 1 else None), env=env, cwd=scratch),  # its config file is there
                 "ours": lambda: _timed(ours_cmd)}
         got = {name: runs[name]() for name in (("plain", "ours") if i % 2 == 0 else ("ours", "plain"))}
         plain.append(got["plain"])
@@ -364,8 +367,9 @@ def launch_parts(scratch: Path, repeat: int, log=print) -> dict:
     train = next(c.source for c in nb.cells if c.source.startswith("%%writefile train_npu.py"))
     (scratch / "train_npu.py").write_text(train.split("\n", 1)[1])
     (scratch / "tiny_launch.py").write_text(TINY)
-    tiny, train = (launch_spec(commands.LaunchCall.of(scratch / name), timeout=None, cwd=scratch)
+    tiny, train = (launch_spec(decide.LaunchCall.of(scratch / name), timeout=None, cwd=scratch)
                    for name in ("tiny_launch.py", "train_npu.py"))
+    write_files((*tiny.files, *train.files))
     env = _spec_env(tiny)
     parts = {"import torch": [sys.executable, "-c", "import torch"],
              "import torch + accelerate": [sys.executable, "-c", "import torch; from accelerate import Accelerator"],
@@ -374,7 +378,7 @@ def launch_parts(scratch: Path, repeat: int, log=print) -> dict:
              "2-rank launch of train_npu.py": train}
     res = {}
     for name, cmd in parts.items():
-        runs = [_cpu_timed(cmd.argv(cmd.next_port()) if hasattr(cmd, "argv") else cmd, env=env, cwd=scratch)
+        runs = [_cpu_timed(cmd.argv(free_port() if cmd.num_processes > 1 else None) if hasattr(cmd, "argv") else cmd, env=env, cwd=scratch)
                 for _ in range(repeat)]
         res[name] = {"wall_s": round(statistics.median(w for w, _ in runs), 2),
                      "cpu_s": round(statistics.median(c for _, c in runs), 2)}

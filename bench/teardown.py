@@ -30,8 +30,9 @@ from pathlib import Path
 import nbformat
 
 import nbtools
-from nbtools import commands, magics, simnpu_env
-from nbtools.launcher import ABORT_RERUN_SAID, launch, launch_spec
+from nbtools import commands, decide, magics, simnpu_env
+from nbtools.decide import launch_spec
+from nbtools.guarded import ABORT_RERUN_SAID, launch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import NOTEBOOKS, defaults, steps  # noqa: E402  (bench/bench.py: the notebooks' command cells)
@@ -58,7 +59,7 @@ def measure(path: Path, script: str, n: int, log=print) -> dict:
             session = nbtools.setup(num_processes=params.get("num_processes", 2), work_dir=work)
         folder = Path(session.work)
         text = first_launch(path, script, dict(params, S=session), folder)
-        call = commands.parse_launch(text)  # the count not written: the session's (launch_spec)
+        call = decide.parse_launch(text)  # the count not written: the session's (launch_spec)
         spec = launch_spec(call, info=session.info, timeout=600, cwd=folder)
         aborts, failed, start = 0, 0, time.monotonic()
         for i in range(n):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from nbtools import DeviceError, ParameterError, detect, validate
+from nbtools import DeviceError, ParameterError, decide, detect, validate
 from nbtools.device import from_probe
 
 NPU2 = {
@@ -59,12 +59,12 @@ def test_this_machine_is_detected_and_its_plan_follows():
     assert (info.kind, info.count) == (kind, truth.get(kind, 0))
     assert info.backend == BACKENDS[kind]
     assert info.versions["torch"] and info.versions["accelerate"]
-    plan = info.plan(2)
+    plan = decide.plan(info, 2)
     assert plan.num_processes == 2 and plan.flags[plan.flags.index("--num_processes") + 1] == "2"
     if info.count >= 2:  # a real hccl/nccl group on the first two devices
         assert plan.kind == kind and not plan.fallback
         visible = [v.strip() for v in os.environ.get(VISIBLE_VARS[kind], "").split(",") if v.strip()] or ["0", "1"]
-        assert plan.env == {VISIBLE_VARS[kind]: ",".join(visible[:2])} and plan.devices == [f"{kind}:0", f"{kind}:1"]
+        assert plan.env == {VISIBLE_VARS[kind]: ",".join(visible[:2])} and plan.cards == tuple(visible[:2])
     else:  # CPU only, or one accelerator: the gloo route, labelled a stand-in when it replaces one
         assert plan.kind == "cpu" and plan.env == {"ACCELERATE_USE_CPU": "1"} and "--multi_gpu" in plan.flags
         assert plan.fallback == (kind != "cpu")
@@ -75,26 +75,26 @@ def test_probe_substituted_two_npus_plan_uses_hccl_and_visible_devices():
     info = from_probe(NPU2, environ={})
     assert (info.kind, info.count, info.backend) == ("npu", 2, "hccl")
     assert info.versions["cann"] == "9.1.0"
-    plan = info.plan(2)
+    plan = decide.plan(info, 2)
     assert plan.env == {"ASCEND_RT_VISIBLE_DEVICES": "0,1"}
     # as the quick-start writes it: on NPU, --num_processes 2 switches multi-NPU on by itself
-    assert "--multi_gpu" not in plan.flags and plan.flags[:2] == ["--num_processes", "2"]
-    assert plan.devices == ["npu:0", "npu:1"]
+    assert "--multi_gpu" not in plan.flags and plan.flags[:2] == ("--num_processes", "2")
+    assert plan.cards == ("0", "1")
     assert (plan.backend, plan.distributed_type, plan.fallback) == ("hccl", "MULTI_NPU", False)
 
 
 def test_probe_substituted_npu_respects_already_restricted_visible_devices():
     info = from_probe(dict(NPU2, npu_count=3), environ={"ASCEND_RT_VISIBLE_DEVICES": "4,5,7"})
-    assert info.plan(2).env == {"ASCEND_RT_VISIBLE_DEVICES": "4,5"}
+    assert decide.plan(info, 2).env == {"ASCEND_RT_VISIBLE_DEVICES": "4,5"}
 
 
 def test_probe_substituted_one_cuda_two_processes_falls_back_to_cpu_labelled():
     info = from_probe(CUDA1, environ={})
-    plan = info.plan(2)
+    plan = decide.plan(info, 2)
     assert plan.fallback and plan.kind == "cpu" and plan.backend == "gloo"
     assert "CPU（gloo）代跑" in plan.note and "没有用到 hccl/nccl" in plan.note
     assert plan.env == {"CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "1"}  # the ranks never see the GPU
-    single = info.plan(1)
+    single = decide.plan(info, 1)
     assert single.kind == "cuda" and single.env == {"CUDA_VISIBLE_DEVICES": "0"} and not single.fallback
     assert (single.backend, single.distributed_type) == (None, "NO")  # one process: no group
 
@@ -119,8 +119,8 @@ def test_probe_substituted_torch_npu_without_cann_is_reported_with_its_fix():
 def test_asking_for_a_device_that_is_not_here_says_what_to_do():
     info = from_probe(CPU, environ={})
     with pytest.raises(DeviceError, match="device='npu' asked.*Use device='auto' or 'cpu'"):
-        info.plan(2, "npu")
-    assert from_probe(NPU2, environ={}).plan(2, "cpu").kind == "cpu"
+        decide.plan(info, 2, "npu")
+    assert decide.plan(from_probe(NPU2, environ={}), 2, "cpu").kind == "cpu"
 
 
 @pytest.mark.parametrize(

@@ -18,9 +18,9 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 import nbtools
-from nbtools import LaunchError, LaunchTimeout, commands, diagnose, launcher
+from nbtools import LaunchError, LaunchTimeout, commands, decide, diagnose, guarded
 from nbtools.diagnose import unglue_warning
-from nbtools.launcher import LaunchOptions
+from nbtools.guarded import LaunchOptions
 
 WORKER = textwrap.dedent(
     """
@@ -83,16 +83,15 @@ def test_a_crashing_rank_fails_fast_with_its_traceback_and_leaves_nothing(worker
 
 
 def test_a_failure_read_from_output_carries_its_rank_and_line():
-    """The fields come from where the output is read (diagnose.raise_on_failure), without running anything."""
-    from nbtools.diagnose import CommandResult, raise_on_failure
+    """The fields come from where the output is read, once (diagnose.judged), without running anything."""
+    from nbtools.diagnose import judged
 
     out = "[rank0]: ok\n[rank1]: Traceback (most recent call last):\n[rank1]:   File \"w.py\"\n[rank1]: ValueError: bad x\n"
-    with pytest.raises(LaunchError) as err:
-        raise_on_failure(CommandResult("c", ["c"], 1, out, 0.1))
-    assert (err.value.rank, err.value.line) == (1, "ValueError: bad x")
-    with pytest.raises(LaunchError) as err:
-        raise_on_failure(CommandResult("c", ["c"], 2, "no ranks here\n", 0.1))
-    assert (err.value.rank, err.value.line) == (None, None)
+    error = judged("c", ["c"], 1, out, 0.1).error
+    assert isinstance(error, LaunchError) and (error.rank, error.line) == (1, "ValueError: bad x")
+    error = judged("c", ["c"], 2, "no ranks here\n", 0.1).error
+    assert isinstance(error, LaunchError) and (error.rank, error.line) == (None, None)
+    assert judged("c", ["c"], 0, "fine\n", 0.1).error is None
 
 
 def test_a_hanging_rank_is_stopped_at_the_timeout_and_leaves_nothing(worker):
@@ -113,7 +112,7 @@ def test_a_taken_rendezvous_port_is_retried_on_another(worker, tmp_path, monkeyp
     holder = socket.socket()
     holder.bind(("0.0.0.0", 0))
     taken = holder.getsockname()[1]
-    real_free_port = launcher.free_port
+    real_free_port = guarded.free_port
     handed = []
 
     def racy_free_port(host="127.0.0.1"):
@@ -121,11 +120,11 @@ def test_a_taken_rendezvous_port_is_retried_on_another(worker, tmp_path, monkeyp
         handed.append(port)
         return port
 
-    monkeypatch.setattr(launcher, "free_port", racy_free_port)
+    monkeypatch.setattr(guarded, "free_port", racy_free_port)
     temp = tmp_path / "temp"
     temp.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(temp))
-    plan = nbtools.detect().plan(2)
+    plan = decide.plan(nbtools.detect(), 2)
     try:
         result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180)
     finally:
@@ -162,7 +161,7 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     monkeypatch.setenv("HF_HOME", str(home))
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
     monkeypatch.setenv("ACCELERATE_DEBUG_MODE", "true")  # `accelerate launch` sets it only with --debug: an exported one would reach the ranks
-    plan = nbtools.detect().plan(2)
+    plan = decide.plan(nbtools.detect(), 2)
     result = nbtools.accelerate_launch(worker, num_processes=2, timeout=180, options=LaunchOptions(echo=False))
     assert result.kv["world"] == str(plan.num_processes)
     assert result.kv["distributed_type"] == plan.distributed_type
@@ -170,7 +169,7 @@ def test_the_users_accelerate_config_and_variables_do_not_leak_in(worker, tmp_pa
     assert result.kv["debug_mode"] == "unset", "the user's `debug: true` or exported ACCELERATE_DEBUG_MODE reached the ranks"
     assert result.kv["visible"] == plan.env.get(str(nbtools.detect().visible_var), "unset"), result.kv
     # The same launch reading the user's config is a different launch: the fixture really bites.
-    spec = launcher.launch_spec(commands.LaunchCall.of(worker, num_processes=2), timeout=180)
+    spec = decide.launch_spec(decide.LaunchCall.of(worker, num_processes=2), timeout=180)
     at = spec.head.index("--config_file")
     bare = dataclasses.replace(spec, head=spec.head[:at] + spec.head[at + 2:]).argv(nbtools.free_port())  # without it
     leaked = nbtools.run_command(bare, env=dict(spec.env), timeout=180, check=False, echo=False)
@@ -332,7 +331,7 @@ def test_a_gloo_teardown_abort_after_the_work_is_rerun_visibly_at_most_twice(tmp
     stand_in.write_text(f"#!{sys.executable}\nimport os, sys\nscript = [a for a in sys.argv if a.endswith('.py')][-1]\n"
                         "os.execv(sys.executable, [sys.executable, script])\n")
     stand_in.chmod(0o755)
-    monkeypatch.setattr("nbtools.launcher.executable", lambda name: str(stand_in))
+    monkeypatch.setattr("nbtools.decide.executable", lambda name: str(stand_in))
     marker = tmp_path / "attempts"
     script = tmp_path / "aborts_once.py"
     script.write_text(
@@ -370,12 +369,12 @@ def test_the_teardown_abort_rerun_is_gloo_s_only(kind, simulated, rerun):
     the rerun line names which; a real NPU's or GPU's abort fails at once."""
     info = nbtools.DeviceInfo(kind=kind, count=2, names=[kind] * 2, versions={}, simulated=simulated,
                               visible_var=None if kind == "cpu" else "V", visible_devices=None)
-    plan = info.plan(2)
+    plan = decide.plan(info, 2)
     aborted = "eval_world=2\nterminate called without an active exception\n"
     assert diagnose.gloo_exit_abort(aborted, plan) is rerun
     assert diagnose.gloo_exit_abort("[rank1]: Traceback (most recent call last):\n" + aborted, plan) is False
     if rerun:
-        line = launcher.retry_line("abort", None, 1, plan)
+        line = guarded.retry_line("abort", None, 1, plan)
         assert ("not a property of hccl" in line) is simulated and ("on CPU" in line) is (kind == "cpu"), line
 
 

@@ -21,6 +21,7 @@ from conftest import processes_mentioning, wait_gone
 
 import nbtools
 import nbtools.ps
+from nbtools import decide
 
 QUIET_RANKS = textwrap.dedent(
     """
@@ -42,7 +43,7 @@ def _quiet_script(tmp_path: Path) -> Path:
 
 
 def _expected_ranks() -> int:
-    return nbtools.detect().plan(2).num_processes
+    return decide.plan(nbtools.detect(), 2).num_processes
 
 
 def _wait_ready(script: Path, timeout: float = 120.0) -> list[psutil.Process]:

@@ -12,7 +12,7 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 from nbtools import LaunchError, LaunchTimeout, ParameterError, free_port
-from nbtools.launcher import NORMALISED_ENV
+from nbtools.decide import NORMALISED_ENV
 from nbtools.machines import MACHINE_ENV, Job, failure_error, first_failure, run_all, run_machines, stand_in
 
 WRITTEN = (

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import nbtools
-from nbtools import LaunchError, ParameterError, commands, device, launcher, session, workdir
+from nbtools import LaunchError, ParameterError, commands, decide, device, session, workdir
 from nbtools.commands import CHECK_TORCH, CHECK_TORCH_WITHOUT_NPU, CommandNotHere
 from nbtools.device import from_probe
 
@@ -101,7 +101,7 @@ def test_the_rewritten_check_torch_is_the_same_program_asking_cuda():
 
 
 def test_parse_launch_splits_flags_script_and_args():
-    call = commands.parse_launch(
+    call = decide.parse_launch(
         "--timeout 30 ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL_CONNECT_TIMEOUT=600 accelerate launch --num_processes 3 "
         "--mixed_precision=bf16 --multi_gpu --gradient_accumulation_steps 2 --debug train_npu.py --steps 5"
     )
@@ -110,19 +110,19 @@ def test_parse_launch_splits_flags_script_and_args():
     assert call.extra_flags == ["--gradient_accumulation_steps", "2", "--debug"]
     assert call.env == {"HCCL_CONNECT_TIMEOUT": "600"} and call.written_visible == "0,1"
     assert call.command.timeout == 30 and call.command.text.startswith("ASCEND_RT_VISIBLE_DEVICES=0,1 HCCL")
-    assert commands.parse_launch("accelerate launch t.py").num_processes is None  # not written: the normaliser fills it
+    assert decide.parse_launch("accelerate launch t.py").num_processes is None  # not written: the normaliser fills it
     with pytest.raises(ParameterError, match="use %cmd"):
-        commands.parse_launch("python t.py")
+        decide.parse_launch("python t.py")
     with pytest.raises(ParameterError, match="needs a script"):
-        commands.parse_launch("accelerate launch --num_processes 2")
+        decide.parse_launch("accelerate launch --num_processes 2")
 
 
 def why(call, machine, tmp_path):
-    return launcher.launch_spec(call, info=info(machine), cwd=tmp_path).why
+    return decide.launch_spec(call, info=info(machine), cwd=tmp_path).why
 
 
 def test_launch_why_names_the_reason_of_each_machine(tmp_path):
-    call = commands.parse_launch("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py")
+    call = decide.parse_launch("ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 t.py")
     cpu = why(call, CPU, tmp_path)
     assert "只启动一个进程" in cpu and "ACCELERATE_USE_CPU=1 + --multi_gpu" in cpu
     fallback = why(call, NPU1, tmp_path)
@@ -135,49 +135,49 @@ def test_launch_why_names_the_reason_of_each_machine(tmp_path):
 def test_written_plan_flags_are_honoured_or_named(tmp_path):
     """--cpu means device='cpu' (on a 2-NPU host too); a written port is used and reported; any other flag the plan
     decides is named in the why line, never dropped silently."""
-    spec = launcher.launch_spec(commands.parse_launch("accelerate launch --cpu --num_processes 2 t.py"), info=info(NPU2),
+    spec = decide.launch_spec(decide.parse_launch("accelerate launch --cpu --num_processes 2 t.py"), info=info(NPU2),
                                 cwd=tmp_path)
-    assert spec.plan.kind == "cpu" and spec.plan.num_processes == 2 and "照写的 --cpu：在 CPU 上运行" in spec.why
+    assert spec.kind == "cpu" and spec.num_processes == 2 and "照写的 --cpu：在 CPU 上运行" in spec.why
     assert "ACCELERATE_USE_CPU=1" in spec.shown(None)
-    spec = launcher.launch_spec(commands.parse_launch("accelerate launch --num_processes 2 --main_process_port 29501 "
+    spec = decide.launch_spec(decide.parse_launch("accelerate launch --num_processes 2 --main_process_port 29501 "
                                                       "--dynamo_backend inductor t.py"), info=info(NPU2), cwd=tmp_path)
-    assert spec.port == 29501 and spec.next_port() == 29501 and "--main_process_port 29501" in spec.shown(spec.next_port())
+    assert spec.port == 29501 and "--main_process_port 29501" in spec.shown(spec.port)
     assert "照写的会合端口 29501" in spec.why and "代替 29500" not in spec.why
     assert "你写的 --dynamo_backend 由本机的启动计划决定" in spec.why
 
 
 def test_a_launch_on_the_simulated_npu_says_so(tmp_path):
-    call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
-    sim = launcher.launch_spec(call, info=info(dict(NPU2, torch_npu="2.9.0.post2+simulated", npu_simulated=True)), cwd=tmp_path)
-    assert "模拟的 NPU" in sim.why and "不证明硬件" in sim.why and sim.plan.note.startswith("NPU (simulated on CPU)：2 个进程")
-    real = launcher.launch_spec(call, info=info(NPU2), cwd=tmp_path)
-    assert "模拟" not in real.why and real.plan.note.startswith("NPU：2 个进程")
+    call = decide.parse_launch("accelerate launch --num_processes 2 t.py")
+    sim = decide.launch_spec(call, info=info(dict(NPU2, torch_npu="2.9.0.post2+simulated", npu_simulated=True)), cwd=tmp_path)
+    assert "模拟的 NPU" in sim.why and "不证明硬件" in sim.why and sim.note.startswith("NPU (simulated on CPU)：2 个进程")
+    real = decide.launch_spec(call, info=info(NPU2), cwd=tmp_path)
+    assert "模拟" not in real.why and real.note.startswith("NPU：2 个进程")
 
 
 def test_the_why_line_follows_the_plan(tmp_path, monkeypatch):
     """The why line is made from the plan's own decisions: change the CPU route and the line follows."""
-    call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
-    monkeypatch.setattr(device, "cpu_route", lambda n: ({"ACCELERATE_USE_CPU": "1"}, ["--use_fsdp"], "X + --use_fsdp"))
-    spec = launcher.launch_spec(call, info=info(CPU), cwd=tmp_path)
+    call = decide.parse_launch("accelerate launch --num_processes 2 t.py")
+    monkeypatch.setattr(decide, "cpu_route", lambda n: ({"ACCELERATE_USE_CPU": "1"}, ["--use_fsdp"], "X + --use_fsdp"))
+    spec = decide.launch_spec(call, info=info(CPU), cwd=tmp_path)
     assert "--use_fsdp" in spec.shown(None) and "X + --use_fsdp" in spec.why and "--multi_gpu" not in spec.shown(None)
 
 
 def test_a_learners_config_file_is_read_for_processes_and_precision_and_named_in_the_why(tmp_path):
     config = tmp_path / "fsdp.yaml"
     config.write_text("distributed_type: FSDP\nnum_processes: 3\nmixed_precision: bf16\nfsdp_config:\n  fsdp_version: 2\n")
-    call = commands.parse_launch(f"accelerate launch --config_file {config} t.py")
+    call = decide.parse_launch(f"accelerate launch --config_file {config} t.py")
     assert (call.num_processes, call.mixed_precision, call.extra_flags) == (3, "bf16", ["--config_file", str(config)])
-    written = commands.parse_launch(f"accelerate launch --config_file {config} --num_processes 2 --mixed_precision no t.py")
+    written = decide.parse_launch(f"accelerate launch --config_file {config} --num_processes 2 --mixed_precision no t.py")
     assert (written.num_processes, written.mixed_precision) == (2, "no")  # the command line wins, as in accelerate
-    npu = launcher.launch_spec(written, info=info(NPU2), cwd=tmp_path)
+    npu = decide.launch_spec(written, info=info(NPU2), cwd=tmp_path)
     assert f"照写的用你的 --config_file {config}（distributed_type FSDP）" in npu.why and "默认配置" not in npu.why
     assert npu.shown(None).count("--config_file") == 1
     for flags in (["--config_file", str(config)], [f"--config_file={config}"]):  # built in code, either form
-        built = launcher.launch_spec(commands.LaunchCall.of("t.py", extra_flags=flags), info=info(NPU2), cwd=tmp_path)
+        built = decide.launch_spec(decide.LaunchCall.of("t.py", extra_flags=flags), info=info(NPU2), cwd=tmp_path)
         assert "distributed_type FSDP" in built.why and built.shown(None).count("--config_file") == 1, built.shown(None)
     assert "只在加速卡上启用 FSDP，所以这份配置在这里跑的是 DDP" in why(call, CPU, tmp_path)
     with pytest.raises(ParameterError, match="cannot read it"):
-        commands.parse_launch(f"accelerate launch --config_file {tmp_path / 'missing.yaml'} t.py")
+        decide.parse_launch(f"accelerate launch --config_file {tmp_path / 'missing.yaml'} t.py")
 
 
 def test_shown_keeps_a_program_readable():

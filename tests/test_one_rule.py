@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from nbtools import device, doctor, npusmi, plan, proctree, session, simnpu_env
+from nbtools import decide, device, doctor, npusmi, proctree, session, simnpu_env
 from nbtools.checks import Here
 from nbtools.errors import LaunchTimeout, ParameterError
 from nbtools.guarded import run_command
@@ -37,58 +37,58 @@ NPU2 = {"python": "3.11.7", "torch": "2.14.1", "torch_npu": "2.9.0.post2", "npu_
 
 def rewrite(monkeypatch, home, rule):
     """Change a rule that is a function in its one home: its code is replaced in place, so every module that holds
-    the function (``from .plan import cpu_stands_in``) runs the changed rule."""
+    the function (``from .decide import cpu_stands_in``) runs the changed rule."""
     monkeypatch.setattr(home, "__code__", rule.__code__)
 
 
 def test_fewer_cards_than_ranks_has_one_home(monkeypatch):
-    """plan.cpu_stands_in decides when ranks run on the CPU for want of cards: the plan, Session.expect and a check's
+    """decide.cpu_stands_in decides when ranks run on the CPU for want of cards: the route, Session.expect and a check's
     needs (cards=N, cpu) follow it when it changes there (here: one card more than ranks is needed)."""
     info = device.from_probe(NPU2, environ={})
-    assert not info.plan(2).fallback and Here("npu", 2).meets("cards=2")  # the rule as it is
-    rewrite(monkeypatch, plan.cpu_stands_in, lambda kind, cards, ranks: kind != "cpu" and cards <= ranks)
-    assert info.plan(2).fallback and info.plan(2).kind == "cpu", "DeviceInfo.plan did not follow plan.cpu_stands_in"
-    assert info.plan(3, fit=True).num_processes == 2, "the fitted plan did not follow plan.cpu_stands_in"
+    assert not decide.plan(info, 2).fallback and Here("npu", 2).meets("cards=2")  # the rule as it is
+    rewrite(monkeypatch, decide.cpu_stands_in, lambda kind, cards, ranks: kind != "cpu" and cards <= ranks)
+    assert decide.plan(info, 2).fallback and decide.plan(info, 2).kind == "cpu", "decide.plan did not follow decide.cpu_stands_in"
+    assert decide.plan(info, 3, fit=True).num_processes == 2, "the fitted route did not follow decide.cpu_stands_in"
     assert session.Session(info, None, "auto", 2, 600, ".").expect(2).kind == "cpu", "Session.expect did not follow"
     assert not Here("npu", 2).meets("cards=2") and Here("npu", 2, processes=2).meets("cpu"), "checks did not follow"
 
 
 def test_bf16_on_the_cpu_has_one_home(monkeypatch):
-    """device.precisions_on says which precisions a launch on a kind takes (the CPU: bf16, no fp16): DeviceInfo's list,
+    """decide.precisions_on says which precisions a launch on a kind takes (the CPU: bf16, no fp16): DeviceInfo's list,
     its precision check and a check's needs:bf16 follow it when it changes there (here: a CPU without bf16)."""
     cpu = device.from_probe({"python": "3.11.7", "torch": "2.14.1"}, environ={})
     assert "bf16" in cpu.mixed_precisions and Here("cpu").meets("bf16")  # the rule as it is
-    rewrite(monkeypatch, device.precisions_on, lambda kind, bf16: ("no",) if kind == "cpu" else MIXED_PRECISIONS)
-    assert cpu.mixed_precisions == ("no",), "DeviceInfo.mixed_precisions did not follow device.precisions_on"
+    rewrite(monkeypatch, decide.precisions_on, lambda kind, bf16: ("no",) if kind == "cpu" else MIXED_PRECISIONS)
+    assert cpu.mixed_precisions == ("no",), "DeviceInfo.mixed_precisions did not follow decide.precisions_on"
     with pytest.raises(ParameterError, match="bf16"):
-        cpu.check_precision("bf16", "cpu")
-    assert not Here("cpu").meets("bf16"), "a check's needs:bf16 did not follow device.precisions_on"
+        decide.check_precision(cpu, "bf16", "cpu")
+    assert not Here("cpu").meets("bf16"), "a check's needs:bf16 did not follow decide.precisions_on"
 
 
-MIXED_PRECISIONS = device.MIXED_PRECISIONS  # the rewritten rule's code reads its globals from device
+MIXED_PRECISIONS = decide.MIXED_PRECISIONS  # the rewritten rule's code reads its globals from decide
 
 
 def test_the_visible_card_variables_have_one_home(monkeypatch):
-    """plan.VISIBLE_VARS names the variable that lists a kind's cards: the probe's reading, the plan's env, npu-smi's
+    """device.VISIBLE_VARS names the variable that lists a kind's cards: the probe's reading, the plan's env, npu-smi's
     count without torch and the CUDA host's hidden cards follow it when it changes there."""
-    monkeypatch.setitem(plan.VISIBLE_VARS, "npu", "ONE_RULE_NPUS")
-    monkeypatch.setitem(plan.VISIBLE_VARS, "cuda", "ONE_RULE_GPUS")
+    monkeypatch.setitem(device.VISIBLE_VARS, "npu", "ONE_RULE_NPUS")
+    monkeypatch.setitem(device.VISIBLE_VARS, "cuda", "ONE_RULE_GPUS")
     info = device.from_probe(NPU2, environ={"ONE_RULE_NPUS": "1", "ASCEND_RT_VISIBLE_DEVICES": "0"})
     assert (info.visible_var, info.visible_devices) == ("ONE_RULE_NPUS", "1"), "from_probe did not follow VISIBLE_VARS"
-    assert info.plan(1).env == {"ONE_RULE_NPUS": "1"}, "DeviceInfo.plan did not follow VISIBLE_VARS"
+    assert decide.plan(info, 1).env == {"ONE_RULE_NPUS": "1"}, "decide.plan did not follow VISIBLE_VARS"
     assert npusmi.cards_seen("npu", environ={"ONE_RULE_NPUS": "0,1,2", "PATH": ""}, dev="/nonexistent") == 3
-    assert plan.hide_cards("cuda")[0] == {"ONE_RULE_GPUS": ""}, "hide_cards did not follow VISIBLE_VARS"
+    assert decide.hide_cards("cuda")[0] == {"ONE_RULE_GPUS": ""}, "hide_cards did not follow VISIBLE_VARS"
 
 
 def test_the_cache_root_has_one_home(monkeypatch, tmp_path):
-    """plan.cache_root is nbtools' cache folder: the probe's cached answers and hide_cards' files go there when it
-    changes there."""
+    """device.cache_root is nbtools' cache folder: the probe's cached answers and the hidden-cards shim a launch writes
+    (decide.hide_cards names it) go there when it changes there."""
     monkeypatch.setenv("ONE_RULE_CACHE", str(tmp_path))
-    rewrite(monkeypatch, plan.cache_root, lambda: Path(os.environ["ONE_RULE_CACHE"]))
-    plan.hide_cards("npu")
-    assert (tmp_path / "hide-npu" / "sitecustomize.py").is_file(), "hide_cards did not follow plan.cache_root"
+    rewrite(monkeypatch, device.cache_root, lambda: Path(os.environ["ONE_RULE_CACHE"]))
+    files = decide.hide_cards("npu")[2]
+    assert str(tmp_path / "hide-npu" / "sitecustomize.py") in dict(files), "hide_cards did not follow device.cache_root"
     device.cached_probe(refresh=True)
-    assert list(tmp_path.glob("probe-*.json")), "cached_probe did not follow plan.cache_root"
+    assert list(tmp_path.glob("probe-*.json")), "cached_probe did not follow device.cache_root"
 
 
 def simnpu_copy(tmp_path: Path, edit: tuple[str, str, str] | None = None) -> Path:

@@ -32,42 +32,44 @@ def test_numbers_between_closed_and_open():
 
 
 def test_each_rule_is_written_once_and_every_caller_says_the_same():
-    """The count, device, precision and visible-card rules live in nbtools/device.py; params.validate, the plan, a
-    written launch and the session call them. Writing one of them again elsewhere fails here; test_normaliser.py
+    """The count, device and precision rules and the cards a launch uses live in nbtools/decide.py, the reading of a
+    visible-card variable in device.py; params.validate, the route, a written launch and the session call them. Writing one of them again elsewhere fails here; test_normaliser.py
     finds a restatement by meaning (the single source changed, every entry point follows)."""
     import inspect
     from pathlib import Path
 
     import nbtools
-    from nbtools import commands, params
-    from nbtools.device import from_probe, precisions_on
-    from nbtools.launcher import launch_spec
+    from nbtools import commands, decide, params
+    from nbtools.decide import launch_spec, precisions_on
+    from nbtools.device import from_probe
 
     cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
     said = set()
-    for call in (lambda: params.validate(num_processes=0, info=cpu), lambda: cpu.plan(0),
-                 lambda: launch_spec(commands.parse_launch("accelerate launch --num_processes 0 train.py"), info=cpu)):
+    for call in (lambda: params.validate(num_processes=0, info=cpu), lambda: decide.plan(cpu, 0),
+                 lambda: launch_spec(decide.parse_launch("accelerate launch --num_processes 0 train.py"), info=cpu)):
         with pytest.raises(ParameterError, match=r"num_processes=0 is invalid; accepted: an integer >= 1$") as err:
             call()
         said.add(str(err.value).split("num_processes")[1])
     assert len(said) == 1
-    for call in (lambda: params.validate(device="tpu", info=cpu), lambda: cpu.resolve("tpu")):
+    for call in (lambda: params.validate(device="tpu", info=cpu), lambda: decide.resolve(cpu, "tpu")):
         with pytest.raises(ParameterError, match=r"^parameter device='tpu' is not known; accepted: 'auto', 'npu'"):
             call()
     with pytest.raises(ParameterError, match=r"accepted here: no, bf16$"):
         params.validate(mixed_precision="fp16", info=cpu)
     assert cpu.mixed_precisions == precisions_on("cpu", cpu.bf16) == ("no", "bf16")
     sources = {p.name: p.read_text(encoding="utf-8") for p in Path(nbtools.__file__).parent.glob("*.py")}
-    for rule in ("integer >= {minimum}", '("auto", *KINDS)', "p != \"fp16\"", 'split(",")', "after + n - len(ids)"):
-        assert [name for name, text in sources.items() if rule in text] == ["device.py"], rule
+    homes = {"integer >= {minimum}": "decide.py", '("auto", *KINDS)': "decide.py", "p != \"fp16\"": "decide.py",
+             'split(",")': "device.py", "after + n - len(ids)": "decide.py"}
+    for rule, home in homes.items():
+        assert [name for name, text in sources.items() if rule in text] == [home], rule
     assert "isinstance(value, bool) or not isinstance(value, int)" not in inspect.getsource(params)
 
 
 @pytest.mark.parametrize("port", ["abc", "0", "70000"])
 def test_a_written_port_that_is_no_port_number_is_a_parameter_error(port, tmp_path):
-    from nbtools.commands import parse_launch
+    from nbtools.decide import parse_launch
     from nbtools.device import from_probe
-    from nbtools.launcher import launch_spec
+    from nbtools.decide import launch_spec
 
     cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
     call = parse_launch(f"accelerate launch --num_processes 2 --main_process_port {port} train.py")

@@ -11,9 +11,9 @@ import sys
 import pytest
 from conftest import NOTEBOOKS, ci_output
 
-from nbtools import commands, launcher, session
+from nbtools import commands, decide, guarded, session
 from nbtools.device import from_probe
-from nbtools.launcher import LaunchOptions
+from nbtools.guarded import LaunchOptions
 
 CPU = {"python": "3.12.1", "torch": "2.9.0"}
 NPU2 = {"python": "3.12.1", "torch": "2.9.0", "torch_npu": "2.9.0.post2", "cann": "9.1.0", "npu_available": True,
@@ -28,33 +28,33 @@ def info(probe):
 
 def sess(probe, device="auto", n=2, tmp_path="."):
     i = info(probe)
-    return session.Session(i, i.plan(n, device), device, n, 600, tmp_path)
+    return session.Session(i, decide.plan(i, n, device), device, n, 600, tmp_path)
 
 
 def spec(text, probe, tmp_path):
-    call = commands.parse_launch(text)
-    return launcher.launch_spec(call, info=info(probe), cwd=tmp_path, fit=call.command.fit)
+    call = decide.parse_launch(text)
+    return decide.launch_spec(call, info=info(probe), cwd=tmp_path, fit=call.command.fit)
 
 
 def test_the_learners_job_shrinks_to_the_visible_cards_and_says_so(tmp_path):
     fitted = spec("--fit accelerate launch --num_processes 2 --mixed_precision bf16 t.py", NPU1, tmp_path)
-    assert (fitted.plan.kind, fitted.plan.num_processes, fitted.plan.devices) == ("npu", 1, ["npu:0"])
+    assert (fitted.kind, fitted.num_processes, fitted.cards) == ("npu", 1, ("0",))
     assert "学员自己的任务：要 2 个进程，只看得见 1 张 NPU：用 1 个进程，在 npu:0 上" in fitted.why
     shown = fitted.shown(None)
     assert "--num_processes 1" in shown and "ACCELERATE_USE_CPU" not in shown and "ASCEND_RT_VISIBLE_DEVICES=0 " in shown
     cuda = spec("--fit accelerate launch --num_processes 4 t.py", CUDA1, tmp_path)
-    assert cuda.plan.devices == ["cuda:0"] and "只看得见 1 张 CUDA：用 1 个进程，在 cuda:0 上" in cuda.why
+    assert cuda.cards == ("0",) and "只看得见 1 张 CUDA：用 1 个进程，在 cuda:0 上" in cuda.why
     # without --fit the seed's rule holds: N ranks on the labelled CPU stand-in
     seed = spec("accelerate launch --num_processes 2 t.py", NPU1, tmp_path)
-    assert seed.plan.fallback and "ACCELERATE_USE_CPU=1" in seed.shown(None)
+    assert seed.fallback and "ACCELERATE_USE_CPU=1" in seed.shown(None)
 
 
 @pytest.mark.parametrize("probe, device", [(CPU, "auto"), (NPU2, "auto"), (NPU1, "cpu")])
 def test_fit_changes_nothing_on_a_cpu_or_with_enough_cards(tmp_path, probe, device):
-    call = commands.parse_launch("accelerate launch --num_processes 2 t.py")
-    plain = launcher.launch_spec(call, info=info(probe), device=device, cwd=tmp_path)
-    fitted = launcher.launch_spec(call, info=info(probe), device=device, cwd=tmp_path, fit=True)
-    assert (fitted.plan, fitted.why, fitted.shown(1)) == (plain.plan, plain.why, plain.shown(1))
+    call = decide.parse_launch("accelerate launch --num_processes 2 t.py")
+    plain = decide.launch_spec(call, info=info(probe), device=device, cwd=tmp_path)
+    fitted = decide.launch_spec(call, info=info(probe), device=device, cwd=tmp_path, fit=True)
+    assert (fitted, fitted.why, fitted.shown(1)) == (plain, plain.why, plain.shown(1))
     assert sess(probe, device).fitted(2) == 2
 
 
@@ -64,16 +64,16 @@ def test_fitted_counts_from_the_probe_and_fit_is_a_launch_option(monkeypatch, tm
         from nbtools.magics import run_written
         run_written("--fit python --version")
     seen = []
-    monkeypatch.setattr(launcher, "launch", lambda s, **kw: seen.append(s))
-    launcher.accelerate_launch("t.py", options=LaunchOptions(fit=True, info=info(NPU1), cwd=tmp_path))
-    assert seen[0].plan.num_processes == 1 and seen[0].plan.kind == "npu"
+    monkeypatch.setattr(guarded, "launch", lambda s, **kw: seen.append(s))
+    guarded.accelerate_launch("t.py", options=LaunchOptions(fit=True, info=info(NPU1), cwd=tmp_path))
+    assert seen[0].num_processes == 1 and seen[0].kind == "npu"
 
 
 # ---------------------------------------------------------------- expectations from the probe, never the plan
 
 
 def test_expect_comes_from_the_probe_and_the_device_parameter(monkeypatch):
-    monkeypatch.setattr(session.DeviceInfo, "plan", lambda *a, **k: pytest.fail("S.expect asked the plan"))
+    monkeypatch.setattr(session, "plan", lambda *a, **k: pytest.fail("S.expect asked the route"))
     s = session.Session(info(NPU2), None, "auto", 2, 600, ".")
     e = s.expect(2)
     assert (e.world, e.kind, e.distributed_type, e.backend, e.devices, e.skip) == (2, "npu", "MULTI_NPU", "hccl",
@@ -111,12 +111,12 @@ def test_a_stand_in_where_the_cards_are_fails_saying_why():
 # names (FAULT: "all", or "bf16" for the bf16 launches only) go to the CPU stand-in although the cards are there.
 FAULT = """
 import dataclasses, os
-from nbtools import detect, launcher, magics
+from nbtools import decide, detect, magics
 
 def launch_spec(call, *, info=None, **kw):
     if (call.num_processes or 0) > 1 and os.environ["FAULT"] in ("all", call.mixed_precision):
         info = dataclasses.replace(info or detect(), count=0)
-    return launcher.launch_spec(call, info=info, **kw)
+    return decide.launch_spec(call, info=info, **kw)
 
 magics.launch_spec = launch_spec
 """
@@ -147,16 +147,16 @@ def test_a_rule_that_sends_the_cards_launches_to_the_stand_in_fails_the_seed_che
 def test_the_stand_ins_ranks_are_kept_off_the_cards(tmp_path):
     """accelerate 1.15 puts wait_for_everyone's barrier on the host's accelerator even on MULTI_CPU: the stand-in's
     ranks (fewer cards, or device='cpu' on a card host) get the cards hidden; the cards' own route is untouched."""
-    cuda = info(dict(CUDA1)).plan(2)
-    assert cuda.env["CUDA_VISIBLE_DEVICES"] == "" and "看不见 GPU" in "；".join(cuda.why)
-    for plan in (info(NPU1).plan(2), info(NPU2).plan(2, "cpu")):
-        folder = plan.env["PYTHONPATH"].split(os.pathsep)[0]
-        assert "raise ImportError" in open(os.path.join(folder, "torch_npu", "__init__.py")).read()
-        assert 'sys.modules["torch_npu"] = None' in open(os.path.join(folder, "sitecustomize.py")).read()
-        assert plan.env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0" and "导入即失败" in "；".join(plan.why)
+    cuda = decide.plan(info(dict(CUDA1)), 2)
+    assert cuda.env["CUDA_VISIBLE_DEVICES"] == "" and "看不见 GPU" in cuda.why and cuda.files == ()
+    for plan in (decide.plan(info(NPU1), 2), decide.plan(info(NPU2), 2, "cpu")):
+        folder, files = plan.env["PYTHONPATH"].split(os.pathsep)[0], dict(plan.files)  # written by the launch
+        assert "raise ImportError" in files[os.path.join(folder, "torch_npu", "__init__.py")]
+        assert 'sys.modules["torch_npu"] = None' in files[os.path.join(folder, "sitecustomize.py")]
+        assert plan.env["TORCH_DEVICE_BACKEND_AUTOLOAD"] == "0" and "导入即失败" in plan.why
         assert plan.env["ACCELERATE_USE_CPU"] == "1"
-    assert "PYTHONPATH" not in info(NPU2).plan(2).env and "PYTHONPATH" not in info(NPU1).plan(1).env
-    assert info(NPU1).plan(2, fit=True).env == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
+    assert "PYTHONPATH" not in decide.plan(info(NPU2), 2).env and "PYTHONPATH" not in decide.plan(info(NPU1), 1).env
+    assert decide.plan(info(NPU1), 2, fit=True).env == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
 
 
 @pytest.mark.notebook
@@ -164,7 +164,9 @@ def test_with_the_npu_hidden_a_rank_sees_no_accelerator(tmp_path):
     """On the simulated NPU, a rank started with the stand-in's variables finds no torch.npu and no accelerator."""
     from nbtools import simnpu_env
     env = {**os.environ, **simnpu_env.environment(cards=1)}
-    empty = info(NPU1).plan(2).env["PYTHONPATH"].split(os.pathsep)[0]  # in front of this environment's PYTHONPATH
+    route = decide.plan(info(NPU1), 2)
+    guarded.write_files(route.files)  # as a launch writes them
+    empty = route.env["PYTHONPATH"].split(os.pathsep)[0]  # in front of this environment's PYTHONPATH
     hidden = {"PYTHONPATH": os.pathsep.join([empty, env["PYTHONPATH"]]), "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
     # transformers and PEFT ask find_spec and then import torch_npu (07b's ranks import a PEFT model): hidden, it is absent
     program = ("import torch, accelerate.utils as u; from deepspeed.accelerator import get_accelerator as g; "

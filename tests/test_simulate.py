@@ -19,7 +19,7 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS, required_ci_output
 
-from nbtools import ParameterError, simnpu_env
+from nbtools import ParameterError, decide, simnpu_env
 from nbtools.device import SIMULATED, detect, from_probe
 from nbtools.session import NEEDS_REAL_NPU, Session
 
@@ -54,13 +54,13 @@ def test_a_simulated_npu_is_labelled_so_and_skips_what_only_hardware_answers():
     info = from_probe(SIM_NPU2, environ={})
     assert (info.kind, info.count, info.simulated, info.real_npu) == ("npu", 2, True, False)
     assert info.label == f"{SIMULATED} x2 (Ascend910B4)" and SIMULATED in info.summary()
-    assert info.plan(2).distributed_type == "MULTI_NPU" and info.plan(2).backend == "hccl"
-    session = Session(info, info.plan(2), "auto", 2, 60, Path("."))
+    assert decide.plan(info, 2).distributed_type == "MULTI_NPU" and decide.plan(info, 2).backend == "hccl"
+    session = Session(info, decide.plan(info, 2), "auto", 2, 60, Path("."))
     assert session.only_on_npu("HBM").startswith(NEEDS_REAL_NPU)
     real = from_probe({**SIM_NPU2, "torch_npu": "2.9.0.post2", "npu_simulated": False}, environ={})
-    assert real.real_npu and Session(real, real.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") is None
+    assert real.real_npu and Session(real, decide.plan(real, 2), "auto", 2, 60, Path(".")).only_on_npu("HBM") is None
     cpu = from_probe({"python": "3.11.7", "torch": "2.14.1"}, environ={})
-    assert Session(cpu, cpu.plan(2), "auto", 2, 60, Path(".")).only_on_npu("HBM") == "只在 NPU 上检查：HBM"
+    assert Session(cpu, decide.plan(cpu, 2), "auto", 2, 60, Path(".")).only_on_npu("HBM") == "只在 NPU 上检查：HBM"
 
 
 def test_the_simulated_hosts_knobs_need_the_switch():

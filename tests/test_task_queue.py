@@ -1,6 +1,6 @@
 """torch_npu turns its task queue off (TASK_QUEUE_ENABLE=0) when it is imported in an interactive interpreter; a
 Jupyter kernel that imported torch would pass that 0 to every launch it starts, though the ranks are not interactive.
-The normaliser (launcher.launch_spec) gives the ranks the kernel's starting value instead (/proc/self/environ), keeps a
+The normaliser (decide.launch_spec) gives the ranks the kernel's starting value instead (/proc/self/environ), keeps a
 value the learner set (before the kernel started, or in the launch line) and says it in the why line (issue 58)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import jupyter_client
 import pytest
 
-from nbtools import commands, launcher, simnpu_env
+from nbtools import commands, decide, simnpu_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SAID = "torch_npu 因内核是交互式的而设的 TASK_QUEUE_ENABLE=0 不传给 rank"
@@ -28,9 +28,9 @@ in_session = test_normaliser.in_session  # its fixture: an open session on a sim
 
 def started_with(start: dict[str, str], now: str | None) -> dict:
     """interactive_settings() in a process started with ``start`` whose os.environ then holds ``now``."""
-    code = ("import json, os\nfrom nbtools import launcher\n"
+    code = ("import json, os\nfrom nbtools import decide\n"
             f"os.environ.pop('TASK_QUEUE_ENABLE', None)\nif {now!r} is not None: os.environ['TASK_QUEUE_ENABLE'] = {now!r}\n"
-            "print(json.dumps(launcher.interactive_settings()))")
+            "print(json.dumps(decide.interactive_settings()))")
     env = {k: v for k, v in os.environ.items() if k != "TASK_QUEUE_ENABLE"} | start | {"PYTHONPATH": str(ROOT)}
     return json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                                      check=True).stdout)
@@ -51,7 +51,7 @@ def test_every_entry_point_leaves_the_kernels_0_out_and_says_so(in_session, tmp_
     """%launch, a launch built in code, the CLI, a machine of 06 and the bench: one rule (the normaliser's)."""
     in_session()
     with monkeypatch.context() as m:  # as if this process had started with 2 and torch_npu had set its 0 since
-        m.setattr(launcher, "interactive_settings", lambda: {"TASK_QUEUE_ENABLE": "2"})
+        m.setattr(decide, "interactive_settings", lambda: {"TASK_QUEUE_ENABLE": "2"})
         for name, shown in entry_points(tmp_path, m).items():
             assert "TASK_QUEUE_ENABLE=2 " in str(shown), (name, shown)
     monkeypatch.setenv("TASK_QUEUE_ENABLE", "0")  # as torch_npu sets it in a kernel; this process started without it
@@ -60,7 +60,7 @@ def test_every_entry_point_leaves_the_kernels_0_out_and_says_so(in_session, tmp_
     written = spec_of("TASK_QUEUE_ENABLE=0 accelerate launch t.py", cwd=tmp_path)  # written in the launch: kept
     assert written.run_env()["TASK_QUEUE_ENABLE"] == "0" and SAID not in written.why
     monkeypatch.delenv("TASK_QUEUE_ENABLE")
-    plain = launcher.launch_spec(commands.parse_launch("accelerate launch t.py"), cwd=tmp_path)
+    plain = decide.launch_spec(decide.parse_launch("accelerate launch t.py"), cwd=tmp_path)
     assert "TASK_QUEUE_ENABLE" not in plain.run_env() and SAID not in plain.why
 
 
