@@ -30,7 +30,7 @@ from pathlib import Path
 import nbformat
 
 import nbtools
-from nbtools import commands, decide, magics, simnpu_env
+from nbtools import decide, magics, simnpu_env
 from nbtools.decide import launch_spec
 from nbtools.guarded import ABORT_RERUN_SAID, launch
 

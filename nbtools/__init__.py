@@ -23,7 +23,15 @@ from .checks import SEED_CHECKS, passed, skipped
 from .decide import LaunchSpec, plan, validate
 from .device import DeviceInfo, detect
 from .diagnose import CommandResult
-from .errors import CommandNotHere, DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
+from .errors import (
+    CommandNotHere,
+    DeviceError,
+    LaunchError,
+    LaunchTimeout,
+    NbtoolsError,
+    OutputMismatch,
+    ParameterError,
+)
 from .expected import assert_matches, match, parse_kv
 from .guarded import LaunchOptions, accelerate_launch, free_port, run_command
 from .session import Session, setup

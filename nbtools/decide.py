@@ -39,6 +39,9 @@ KINDS = ("npu", "cuda", "cpu")
 MIXED_PRECISIONS = ("no", "fp16", "bf16")  # the one list: the CLI's choices, the normaliser, each kind's share
 DEFAULT_PROCESSES = 2  # the one process-count default: setup, a launch that names none, the CLI, the route
 DEFAULT_TIMEOUT_S = 600  # seconds a session's launches and commands may run (setup, the magics, a launch in code)
+# The open session (session.Session: nbtools.setup sets it, its close() clears it): what a launch fills from where
+# nothing is written (device, count, timeout, probe). Held here, in the core, so that deciding needs no other module.
+OPEN = None
 
 # ---------------------------------------------------------------- the parameter rules
 
@@ -504,9 +507,7 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     (``why_line``) each value it filled in or replaced. ``fit``: the learner's own job, which shrinks to the visible
     cards. ``machine``: one machine of a multi-machine job written for real hosts (06): its flags kept as written,
     the ranks on this host's CPU."""
-    from . import session  # the open session (session.py imports this module: asked here, not at import)
-
-    s = session.OPEN
+    s = OPEN
     written = call.plan_flags  # --cpu means device="cpu"; a written port is used; the rest the route's
     device = "cpu" if "--cpu" in written or machine else device if device is not None else s.device_param if s else "auto"
     timeout = (s.timeout_s if s else DEFAULT_TIMEOUT_S) if timeout is FROM_SESSION else timeout
@@ -579,7 +580,7 @@ def launch_config(distributed_type: str, folder: str, call: LaunchCall) -> tuple
     name = f"accelerate_config_{distributed_type.lower()}.json"
     text = json.dumps(dict(NEUTRAL_CONFIG, distributed_type=distributed_type), indent=2) + "\n"
     used = writable(folder, "nbtools-accelerate-")
-    return ["--config_file", name if used == Path(folder) else str(used / name)], ((str(used / name), text),)
+    return ["--config_file", name if used == Path(folder) else str(used / name)], ((str((used / name).absolute()), text),)
 
 
 def interactive_settings() -> dict[str, str | None]:

@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import shutil
 import socket
 import subprocess
@@ -23,7 +24,6 @@ import tempfile
 import threading
 import time
 import uuid
-import re
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -372,13 +372,14 @@ def write_files(files) -> None:
             os.replace(path.with_suffix(f".{os.getpid()}"), path)
 
 
-def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline: bool = True, echo: bool = True,
-           as_written: str | None = None, timeout_name: str | None = None, background: bool = False,
-           together: Callable[[], CommandResult | None] | None = None) -> CommandResult | Background | None:
+def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline: bool = True, echo: bool | Shown = True,
+           background: bool = False, together: Callable[[], CommandResult | None] | None = None
+           ) -> CommandResult | Background | None:
     """Run the launch ``specs`` decided (decide.launch_spec): the files they name written first; on a port taken
     meanwhile retry on another; on a gloo teardown abort rerun, at most twice; a failure raised by ``settle``.
     ``together``: 06's machines, run at once (machines.run_all), answering the failure that decides a rerun (None: all
-    passed); one spec otherwise, its output streamed, printed as ``Shown`` says (built once, from the spec).
+    passed); one spec otherwise, its output streamed, printed as ``echo`` says (a ``Shown``, else one built once from
+    the spec: the command as written, the why line, the timeout's name).
 
     torch's gloo aborts a rank at exit now and then, after all its work and even after
     ``end_training()`` (measured on a 2-core CPU with torch 2.14.1: about 1 launch in 8 of an
@@ -387,8 +388,8 @@ def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline:
     specs = [specs] if isinstance(specs, LaunchSpec) else specs
     spec, written = specs[0], specs[0].call.command
     write_files(f for s in specs for f in s.files)
-    shown = Shown(echo, None, as_written or (written.text if written else None), spec.why, timeout_name or spec.timeout_name)
-    if echo and spec.notes and together is None:
+    shown = echo if isinstance(echo, Shown) else Shown(echo, None, written and written.text, spec.why, spec.timeout_name)
+    if shown.echo and spec.notes and together is None:
         print("\n".join(spec.notes))
     abort_reruns, tries = 0, 2 + MAX_ABORT_RERUNS  # the first try, one more after a port taken meanwhile, the reruns
     for attempt in range(tries):
@@ -408,7 +409,7 @@ def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline:
         if (retry := _retry_reason(result, spec, abort_reruns)) is None:
             break
         abort_reruns += retry == "abort"
-        if echo:
+        if shown.echo:
             print(retry_line(retry, port, abort_reruns, spec))
     return settle(result, check) if together is None else result  # the machines' failure is theirs to compose
 
@@ -460,5 +461,5 @@ def accelerate_launch(script: str | os.PathLike, *script_args: str, num_processe
     call = LaunchCall.of(script, *script_args, num_processes=num_processes, mixed_precision=mixed_precision, env=o.env,
                          extra_flags=o.extra_flags)  # a port: ("--main_process_port", N) among them
     spec = launch_spec(call, info=o.info, device=device, timeout=timeout, cwd=o.cwd, fit=o.fit)
-    return launch(spec, check=o.check, offline=o.offline, echo=o.echo, as_written=o.as_written,
-                  timeout_name=o.timeout_name, background=o.background)
+    shown = Shown(echo=o.echo, as_written=o.as_written, why=spec.why, timeout_name=o.timeout_name)
+    return launch(spec, check=o.check, offline=o.offline, echo=shown, background=o.background)

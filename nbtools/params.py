@@ -18,7 +18,6 @@ import os
 from .decide import DEFAULT_TIMEOUT_S, known_device, validate, whole_numbers  # noqa: F401
 from .errors import ParameterError
 
-
 # --- notebook parameters: what a notebook declares, and `-p NAME=VALUE` converted by its defaults ---
 
 NO_DEFAULT = object()  # a default that is not a literal (an expression): no type to convert by

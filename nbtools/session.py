@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import proctree, workdir
+from . import decide, proctree, workdir
 from .decide import DEFAULT_TIMEOUT_S, LaunchSpec, cards, cpu_stands_in, plan, resolve, validate
 from .device import BACKENDS, DISTRIBUTED_TYPES, DeviceInfo
 from .expected import parse_kv
@@ -24,12 +24,9 @@ from .workdir import cleanup, unattended
 
 NEEDS_REAL_NPU = msg("session.needs_real_npu", "zh")  # the Chinese edition's words (only_on_npu uses the notebook's)
 
-OPEN: Session | None = None  # the open session of this kernel: setup's, until it is closed (the launch rule reads it)
-
-
 def current() -> Session | None:
-    """The open session of this kernel, if ``setup`` was called (and not closed)."""
-    return OPEN
+    """The open session of this kernel, if ``setup`` was called (and not closed): decide.OPEN, which a launch reads."""
+    return decide.OPEN
 
 
 @dataclass(frozen=True)
@@ -148,13 +145,12 @@ class Session:
 
     def close(self) -> None:
         """Back to the original cwd; remove the work folder if nbtools made it and it is not kept."""
-        global OPEN
         if self.closed:
             print(msg("session.closed_already", cwd=Path.cwd()))
             return
         self.closed = True
-        if OPEN is self:
-            OPEN = None
+        if decide.OPEN is self:
+            decide.OPEN = None
         for pid in stop_launches():
             print(msg("session.stopped_background", pid=pid))
         try:
@@ -201,11 +197,10 @@ def setup(
     A broken setup (torch_npu without CANN, ...) stops here with the fix, unless ``allow_broken``:
     the orientation notebook, which teaches that fix, runs anyway and prints the problem.
     """
-    global OPEN
     origin = Path.cwd()
-    if OPEN is not None:  # the setup cell run again: start from the same place
-        origin = OPEN.origin
-        OPEN.close()
+    if decide.OPEN is not None:  # the setup cell run again: start from the same place
+        origin = decide.OPEN.origin
+        decide.OPEN.close()
     info = validate(
         device=device, num_processes=num_processes, timeout_s=timeout_s, info=info, require_healthy=not allow_broken
     )
@@ -214,6 +209,6 @@ def setup(
     work = workdir.work_dir(work_dir, keep=keep_work_dir, persistent=not work_dir and not unattended(), base=origin)
     session = Session(info, route, device, route.num_processes, timeout_s, work, keep_work_dir, origin)
     os.chdir(work)
-    OPEN = session
+    decide.OPEN = session
     print("\n".join(session.platform_lines()))
     return session

@@ -19,8 +19,8 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from .errors import ParameterError
 from .decide import in_front
+from .errors import ParameterError
 
 SIMNPU_ROOT = Path(__file__).resolve().parent.parent / "simnpu"
 # The cards a teacher can rehearse: the quick-start's 910B, and a 310P-like card without bf16.

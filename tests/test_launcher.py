@@ -18,7 +18,7 @@ import pytest
 from conftest import processes_mentioning, wait_gone
 
 import nbtools
-from nbtools import LaunchError, LaunchTimeout, commands, decide, diagnose, guarded
+from nbtools import LaunchError, LaunchTimeout, decide, diagnose, guarded
 from nbtools.diagnose import unglue_warning
 from nbtools.guarded import LaunchOptions
 

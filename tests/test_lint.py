@@ -47,9 +47,9 @@ MAX_PARAMETERS = 7  # self and cls aside; a function that needs more takes a val
 MAX_CODE_LINES = 4660
 # The parts of nbtools, each with its rank: a module imports only its own part and parts ranked lower.
 PARTS = {
-    "core": (0, {"device", "plan", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
+    "core": (0, {"device", "decide", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
               "npusmi", "floors", "lang"}),
-    "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guardian", "ps", "machines", "session", "magics"}),
+    "launch": (1, {"commands", "diagnose", "guarded", "guardian", "ps", "machines", "session", "magics"}),
     "run": (2, {"runner", "kernels", "run_results", "report", "teacher", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),
     "entry": (3, {"__init__", "__main__"}),

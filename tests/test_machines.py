@@ -42,7 +42,8 @@ def test_simulated_keeps_the_written_command_and_runs_cpu_ranks(tmp_path, monkey
     assert flags[-1] == "multinode_check.py"
     assert job.shown.startswith("ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --config_file accelerate_config_no.json "
                                 "--num_machines 2")
-    assert json.loads((tmp_path / "accelerate_config_no.json").read_text())["distributed_type"] == "NO"
+    assert not (tmp_path / "accelerate_config_no.json").exists()  # decided, not written: the launch writes it
+    assert json.loads(dict(job.spec.files)[str(tmp_path / "accelerate_config_no.json")])["distributed_type"] == "NO"
     assert "hccl" in job.why and "真正的 4 个 rank 的 gloo 进程组" in job.why  # --num_processes counts every machine's ranks
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import nbtools
-from nbtools import LaunchError, ParameterError, commands, decide, device, session, workdir
+from nbtools import LaunchError, ParameterError, commands, decide, session, workdir
 from nbtools.commands import CHECK_TORCH, CHECK_TORCH_WITHOUT_NPU, CommandNotHere
 from nbtools.device import from_probe
 

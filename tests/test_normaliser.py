@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 import nbtools
-from nbtools import ParameterError, __main__, commands, decide, device, guarded, machines, magics, session
+from nbtools import ParameterError, __main__, decide, guarded, machines, magics, session
 from nbtools.device import from_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,7 +32,7 @@ def in_session(tmp_path, monkeypatch):
     def open_(probe=SIM8, n=2, environ=None):
         host = info(probe, environ)
         s = session.Session(host, decide.plan(host, n), "auto", n, 600, tmp_path)
-        monkeypatch.setattr(session, "OPEN", s)
+        monkeypatch.setattr(decide, "OPEN", s)
         return s
     monkeypatch.chdir(tmp_path)
     return open_
@@ -131,7 +131,7 @@ def entry_points(tmp_path, monkeypatch, written=""):
 def test_the_default_count_has_one_source(in_session, tmp_path, monkeypatch):
     monkeypatch.setattr(decide, "DEFAULT_PROCESSES", 3)
     in_session(probe=SIM8, n=decide.DEFAULT_PROCESSES)
-    monkeypatch.setattr(session, "OPEN", None)
+    monkeypatch.setattr(decide, "OPEN", None)
     s = nbtools.setup(work_dir=str(tmp_path / "w"), info=info(SIM8))  # no count given: the one default
     try:
         assert s.num_processes == 3

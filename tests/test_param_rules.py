@@ -39,7 +39,7 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
     from pathlib import Path
 
     import nbtools
-    from nbtools import commands, decide, params
+    from nbtools import decide, params
     from nbtools.decide import launch_spec, precisions_on
     from nbtools.device import from_probe
 
@@ -67,9 +67,8 @@ def test_each_rule_is_written_once_and_every_caller_says_the_same():
 
 @pytest.mark.parametrize("port", ["abc", "0", "70000"])
 def test_a_written_port_that_is_no_port_number_is_a_parameter_error(port, tmp_path):
-    from nbtools.decide import parse_launch
+    from nbtools.decide import launch_spec, parse_launch
     from nbtools.device import from_probe
-    from nbtools.decide import launch_spec
 
     cpu = from_probe({"python": "3.11.7", "torch": "2.13.0+cpu", "cuda_available": False, "cuda_count": 0}, environ={})
     call = parse_launch(f"accelerate launch --num_processes 2 --main_process_port {port} train.py")

@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import NOTEBOOKS, ci_output
 
-from nbtools import commands, decide, guarded, session
+from nbtools import decide, guarded, session
 from nbtools.device import from_probe
 from nbtools.guarded import LaunchOptions
 

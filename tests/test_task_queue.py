@@ -15,7 +15,7 @@ from pathlib import Path
 import jupyter_client
 import pytest
 
-from nbtools import commands, decide, simnpu_env
+from nbtools import decide, simnpu_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SAID = "torch_npu 因内核是交互式的而设的 TASK_QUEUE_ENABLE=0 不传给 rank"
