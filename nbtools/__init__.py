@@ -20,18 +20,11 @@ if _TOO_OLD:
     raise (SystemExit if sys.argv[:1] == ["-m"] else ImportError)("nbtools: " + _TOO_OLD)
 
 from .checks import SEED_CHECKS, passed, skipped
+from .commands import CommandNotHere
 from .decide import LaunchSpec, plan, validate
 from .device import DeviceInfo, detect
 from .diagnose import CommandResult
-from .errors import (
-    CommandNotHere,
-    DeviceError,
-    LaunchError,
-    LaunchTimeout,
-    NbtoolsError,
-    OutputMismatch,
-    ParameterError,
-)
+from .errors import DeviceError, LaunchError, LaunchTimeout, NbtoolsError, OutputMismatch, ParameterError
 from .expected import assert_matches, match, parse_kv
 from .guarded import LaunchOptions, accelerate_launch, free_port, run_command
 from .session import Session, setup

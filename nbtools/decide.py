@@ -438,15 +438,8 @@ def plan(info: DeviceInfo, num_processes: int | None = None, device: str = "auto
 
 # Given to every launch as --config_file, so that the user's own default config is never read.
 # Every value is Accelerate's own default; the launch's flags decide the rest.
-NEUTRAL_CONFIG = {
-    "compute_environment": "LOCAL_MACHINE",
-    "distributed_type": "NO",
-    "mixed_precision": "no",
-    "use_cpu": False,
-    "debug": False,
-    "num_machines": 1,
-    "gpu_ids": "all",
-}
+NEUTRAL_CONFIG = {"compute_environment": "LOCAL_MACHINE", "distributed_type": "NO", "mixed_precision": "no",
+                  "use_cpu": False, "debug": False, "num_machines": 1, "gpu_ids": "all"}
 NORMALISED_ENV = "NBTOOLS_NORMALISED"  # on every launch the normaliser decided (LaunchSpec.run_env; a test counts them)
 FROM_SESSION = object()  # launch_spec's timeout when not given: the open session's timeout_s, else the default
 # What torch_npu sets in os.environ only in an interactive interpreter (2.9.0.post2 __init__.py, 2.14.0

@@ -88,21 +88,14 @@ def environment(env: dict[str, str | None] | None, offline: bool) -> tuple[dict,
     return full_env, also
 
 
-def run_command(
-    argv: list[str],
-    *,
-    env: dict[str, str | None] | None = None,
-    cwd: str | os.PathLike | None = None,
-    timeout: float | None = None,
-    check: bool = True,
-    offline: bool = True,
-    echo: bool | Shown = True,
-) -> CommandResult:
+def run_command(argv: list[str], *, env: dict[str, str | None] | None = None, cwd: str | os.PathLike | None = None,
+                timeout: float | None = None, check: bool = True, offline: bool = True,
+                echo: bool | Shown = True) -> CommandResult:
     """Run ``argv`` streaming its output; stop its whole process tree on any way out.
 
     ``env``: see ``environment``. ``echo``: print the command and stream its output (True), nothing (False),
     or a ``Shown``. A non-zero exit, an error marker (diagnose.ERROR_MARKERS) or the timeout raises,
-    unless ``check`` is False (the timeout always raises): ``settle``.
+    unless ``check`` is False: then the result is handed back, failed or not (``settle``).
     """
     shown = as_shown(echo)
     command = shown.command or shell_line(argv, {k: v for k, v in (env or {}).items() if v is not None})
@@ -110,9 +103,9 @@ def run_command(
 
 
 def settle(result: CommandResult | None, check: bool) -> CommandResult | None:
-    """The one place a failure raises (the verdict is diagnose.judged's): any failure where ``check``, a timeout
-    always; else the result, failed or not."""
-    if result is not None and result.error is not None and (check or isinstance(result.error, LaunchTimeout)):
+    """The one place a failure raises (the verdict is diagnose.judged's): any failure, its timeout included, where
+    ``check``; else the result, failed or not."""
+    if check and result is not None and result.error is not None:
         raise result.error
     return result
 

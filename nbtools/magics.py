@@ -73,10 +73,12 @@ def expand_outside_program(text: str, namespace: dict) -> str:
     return expand_fields(text, namespace)
 
 
-def _allowed(exc: LaunchTimeout) -> CommandResult:
-    """--allow-fail: a timeout, which always raises, hands back its CommandResult (the failure printed, not raised)."""
-    print(f"[nbtools] --allow-fail: {str(exc).splitlines()[0]}")
-    return exc.result
+def _allowed(result: CommandResult):
+    """--allow-fail: the result is handed back, failed or not; a timeout is said in one line (a failed exit shows in
+    the output above)."""
+    if isinstance(getattr(result, "error", None), LaunchTimeout):  # a Background has none
+        print(f"[nbtools] --allow-fail: {str(result.error).splitlines()[0]}")
+    return result
 
 
 def run_written(text: str) -> CommandResult:
@@ -92,14 +94,8 @@ def run_written(text: str) -> CommandResult:
     shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
                   as_written=written.text, why=real.why_line,  # kept on the CommandResult (run_command builds it)
                   timeout_name="--timeout" if written.timeout else "timeout_s" if s else "the default timeout")
-    if not written.allow_fail:
-        return run_command(real.argv, env=real.env, timeout=written.timeout or timeout, offline=not written.online,
-                           echo=shown)
-    try:
-        return run_command(real.argv, env=real.env, timeout=written.timeout or timeout, check=False,
-                           offline=not written.online, echo=shown)
-    except LaunchTimeout as exc:
-        return _allowed(exc)
+    return _allowed(run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
+                                check=not written.allow_fail, offline=not written.online, echo=shown))
 
 
 def run_launch(text: str) -> CommandResult:
@@ -107,12 +103,7 @@ def run_launch(text: str) -> CommandResult:
     the session) and run by guarded.launch."""
     written = (call := parse_launch(text)).command
     spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
-    if not written.allow_fail:
-        return launch(spec, offline=not written.online, background=written.background)
-    try:
-        return launch(spec, check=False, offline=not written.online, background=written.background)
-    except LaunchTimeout as exc:
-        return _allowed(exc)
+    return _allowed(launch(spec, check=not written.allow_fail, offline=not written.online, background=written.background))
 
 
 @magics_class
