@@ -74,8 +74,8 @@ def expand_outside_program(text: str, namespace: dict) -> str:
 
 
 def _allowed(result: CommandResult):
-    """--allow-fail: the result is handed back, failed or not; a timeout is said in one line (a failed exit shows in
-    the output above)."""
+    """--allow-fail: the result is handed back, failed or not (launched with check=False); a timeout is said in one
+    line (a failed exit shows in the output above)."""
     if isinstance(getattr(result, "error", None), LaunchTimeout):  # a Background has none
         print(f"[nbtools] --allow-fail: {str(result.error).splitlines()[0]}")
     return result
@@ -94,8 +94,9 @@ def run_written(text: str) -> CommandResult:
     shown = Shown(command=written.text if same else commands.shell_line(real.argv, real.env),
                   as_written=written.text, why=real.why_line,  # kept on the CommandResult (run_command builds it)
                   timeout_name="--timeout" if written.timeout else "timeout_s" if s else "the default timeout")
-    return _allowed(run_command(real.argv, env=real.env, timeout=written.timeout or timeout,
-                                check=not written.allow_fail, offline=not written.online, echo=shown))
+    result = run_command(real.argv, env=real.env, timeout=written.timeout or timeout, check=not written.allow_fail,
+                         offline=not written.online, echo=shown)
+    return _allowed(result) if written.allow_fail else result
 
 
 def run_launch(text: str) -> CommandResult:
@@ -103,7 +104,8 @@ def run_launch(text: str) -> CommandResult:
     the session) and run by guarded.launch."""
     written = (call := parse_launch(text)).command
     spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
-    return _allowed(launch(spec, check=not written.allow_fail, offline=not written.online, background=written.background))
+    result = launch(spec, check=not written.allow_fail, offline=not written.online, background=written.background)
+    return _allowed(result) if written.allow_fail else result
 
 
 @magics_class
