@@ -120,12 +120,9 @@ _ENV_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # The options without a value, in WrittenCommand's field order; --background and --fit are %launch's, --as-written %cmd's
 SWITCHES = ("--allow-fail", "--online", "--background", "--as-written", "--fit")
 # `accelerate launch` flags that take no value (everything else starting with - takes one).
-_LAUNCH_SWITCHES = {
-    "--cpu", "--multi_gpu", "--tpu", "--use_xpu", "--ipex", "-m", "--module", "--no_python",
-    "--use_deepspeed", "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config", "--debug",
-    "-q", "--quiet", "--same_network", "--enable_cpu_affinity", "--downcast_bf16",
-    "--tpu_use_cluster", "--tpu_use_sudo", "--vm",
-}
+_LAUNCH_SWITCHES = {"--cpu", "--multi_gpu", "--tpu", "--use_xpu", "--ipex", "-m", "--module", "--no_python", "--use_deepspeed",
+                    "--use_fsdp", "--use_megatron_lm", "--use_parallelism_config", "--debug", "-q", "--quiet",
+                    "--same_network", "--enable_cpu_affinity", "--downcast_bf16", "--tpu_use_cluster", "--tpu_use_sudo", "--vm"}
 # `accelerate launch` flags the route decides, with the precision and port: written ones are replaced.
 PLAN_FLAGS = frozenset({"--num_processes", "--num_machines", "--dynamo_backend", "--multi_gpu", "--cpu",
                         "--mixed_precision", "--main_process_port"})
@@ -554,12 +551,9 @@ def why_line(spec: LaunchSpec, route: str, started: dict, precision: str, asked:
         why.append(msg("launcher.written_cpu"))
     if replaced := [k for k in written if k not in ("--num_processes", "--mixed_precision", "--main_process_port", "--cpu")]:
         why.append(msg("launcher.replaced", flags=" ".join(replaced)))
-    if call.config_file is None:
-        why.append(msg("launcher.default_config"))
-    else:
-        kind = call.config.get("distributed_type", "NO")
-        ddp = spec.kind == "cpu" and kind in ("FSDP", "DEEPSPEED")
-        why.append(msg("launcher.your_config", file=call.config_file, kind=kind) + (msg("launcher.ddp_on_cpu", kind=kind) if ddp else ""))
+    kind = call.config.get("distributed_type", "NO")  # the learner's config file: it changes the launch, and DDP on CPU
+    why.append(msg("launcher.default_config") if call.config_file is None else msg("launcher.your_config", file=call.config_file,
+               kind=kind) + (msg("launcher.ddp_on_cpu", kind=kind) if spec.kind == "cpu" and kind in ("FSDP", "DEEPSPEED") else ""))
     return msg("sep").join(w for w in [*why, gave] if w)
 
 

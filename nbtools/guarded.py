@@ -397,9 +397,8 @@ def launch(specs: LaunchSpec | list[LaunchSpec], *, check: bool = True, offline:
             result.plan, result.port = spec, port  # the result of this launch, with its spec and port
         else:
             result = together()
-        if result is None or result.returncode == 0 or attempt + 1 == tries:  # passed, or tried enough
-            break
-        if (retry := _retry_reason(result, spec, abort_reruns)) is None:
+        passed = result is None or result.returncode == 0
+        if passed or attempt + 1 == tries or (retry := _retry_reason(result, spec, abort_reruns)) is None:
             break
         abort_reruns += retry == "abort"
         if shown.echo:

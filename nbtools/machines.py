@@ -89,13 +89,10 @@ def run_all(jobs: list[Job], *, timeout: float | None, timeout_name: str = "time
         stopped.update([i for i in indices if stop(tokens[i])])
 
     def work(i: int) -> None:
-        job = jobs[i]
-        try:
-            result = run_command(job.argv, env={**job.env, MACHINE_ENV: tokens[i]}, timeout=timeout,
-                                 echo=Shown(echo=False, command=job.shown, timeout_name=timeout_name))
-            outcomes[i] = Outcome(result, ended=time.monotonic())
-        except LaunchError as exc:  # non-zero exit, error marker or timeout: its own tree is already stopped
-            outcomes[i] = Outcome(exc.result, exc, ended=time.monotonic())
+        job = jobs[i]  # a failure (non-zero exit, error marker, timeout) is its result's error: its tree already stopped
+        result = run_command(job.argv, env={**job.env, MACHINE_ENV: tokens[i]}, timeout=timeout, check=False,
+                             echo=Shown(echo=False, command=job.shown, timeout_name=timeout_name))
+        outcomes[i] = Outcome(result, result.error, ended=time.monotonic())
 
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, len(jobs))) as pool:
         futures = {pool.submit(work, i): i for i in range(len(jobs))}

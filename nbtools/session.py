@@ -178,16 +178,8 @@ def stop_launches() -> list[int]:
     return stopped + [g.pid for g in guardians]
 
 
-def setup(
-    device: str = "auto",
-    num_processes: int | None = None,
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    work_dir: str = "",
-    keep_work_dir: bool = False,
-    *,
-    info: DeviceInfo | None = None,
-    allow_broken: bool = False,
-) -> Session:
+def setup(device: str = "auto", num_processes: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, work_dir: str = "",
+          keep_work_dir: bool = False, *, info: DeviceInfo | None = None, allow_broken: bool = False) -> Session:
     """Check the parameters, detect the device (child-process probe), make the work folder and cd there.
 
     ``work_dir`` given: that folder (never removed if it existed). Empty: in interactive use a persistent
@@ -201,9 +193,8 @@ def setup(
     if decide.OPEN is not None:  # the setup cell run again: start from the same place
         origin = decide.OPEN.origin
         decide.OPEN.close()
-    info = validate(
-        device=device, num_processes=num_processes, timeout_s=timeout_s, info=info, require_healthy=not allow_broken
-    )
+    info = validate(device=device, num_processes=num_processes, timeout_s=timeout_s, info=info,
+                    require_healthy=not allow_broken)
     route = plan(info, num_processes, device)  # None: the one default count (decide.DEFAULT_PROCESSES)
     # given: that folder; else a persistent one under origin in interactive use, a private temporary one unattended
     work = workdir.work_dir(work_dir, keep=keep_work_dir, persistent=not work_dir and not unattended(), base=origin)
