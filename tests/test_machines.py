@@ -120,6 +120,39 @@ def test_run_machines_raises_naming_the_machine_that_failed(tmp_path, monkeypatc
     assert "failed first" in str(err.value)
 
 
+ABORTS_ONCE = """import os, pathlib, sys
+rank = os.environ["MACHINE_RANK"]
+tries = pathlib.Path(f"tries-{rank}")
+tries.write_text(tries.read_text() + "x" if tries.exists() else "x")
+print(f"machine={rank} try={len(tries.read_text())}", flush=True)
+if rank == "0" and len(tries.read_text()) == 1:  # machine 0's first try: torch's gloo teardown abort, after its work
+    sys.stderr.write("terminate called without an active exception\\n")
+    sys.stderr.flush()
+    os.abort()
+"""
+
+
+def test_a_gloo_teardown_abort_reruns_every_machine_through_the_launchers_loop(tmp_path, monkeypatch, capsys):
+    """06's machines run through guarded.launch's rerun loop: machine 0 aborting at exit after its work (the gloo
+    teardown race) reruns both machines once, said in the cell as a single launch's rerun is. `accelerate` is a
+    stand-in that runs the script in one process, with the machine's rank in MACHINE_RANK."""
+    monkeypatch.chdir(tmp_path)
+    stand = tmp_path / "accelerate"
+    stand.write_text(f"#!{sys.executable}\nimport os, sys\nargv = sys.argv\n"
+                     "os.environ['MACHINE_RANK'] = argv[argv.index('--machine_rank') + 1]\n"
+                     "os.execv(sys.executable, [sys.executable, [a for a in argv if a.endswith('.py')][-1]])\n")
+    stand.chmod(0o755)
+    monkeypatch.setattr("nbtools.decide.executable", lambda name: str(stand))
+    (tmp_path / "aborts_once.py").write_text(ABORTS_ONCE)
+    texts = [WRITTEN.replace("--machine_rank 1", f"--machine_rank {r}").replace("multinode_check.py", "aborts_once.py")
+             for r in range(2)]
+    results = run_machines(texts, timeout=60)
+    out = capsys.readouterr().out
+    assert out.count("running the whole launch again (1 of at most 2)") == 1 and "(2 of at most 2)" not in out, out
+    assert [r.kv["try"] for r in results] == ["2", "2"], out  # every machine ran again, and passed
+    assert "machine=0 try=2" in out and "===== machine 0 (ok) =====" in out
+
+
 def test_simulated_keeps_the_users_accelerate_variables_out(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "fp16")
