@@ -5,7 +5,7 @@ The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cm
 
 Four parts, each importing only its own and those before it (README, "nbtools: the plumbing"):
 core (device, params, checks, proctree, npusmi), launch (session, magics, commands, launcher,
-guarded, diagnose, guard, ps, machines), run (runner, kernels, report, teacher, doctor) and the
+guarded, diagnose, guardian, machines), run (runner, kernels, report, lint, answers, ps, doctor) and the
 lessons' helpers (bigmodel, ranks). Importing this package never imports torch.
 """
 

@@ -86,8 +86,8 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_answers(args) -> int:
+    from .answers import run_answers
     from .runner import detect_for_kernel, discover
-    from .teacher import run_answers
 
     notebooks = discover(args.notebooks)
     _simulate(args)
@@ -113,8 +113,8 @@ def _cmd_ps(args) -> int:
 
 
 def _cmd_check(args) -> int:
+    from .lint import check_series
     from .runner import default_notebooks_dir
-    from .teacher import check_series
 
     folder = Path(args.folder) if args.folder else default_notebooks_dir()
     problems = check_series(folder)
@@ -125,7 +125,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_reset(args) -> int:
-    from .teacher import reset
+    from .ps import reset
 
     reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, kill=args.kill, find_links=args.find_links)
     return 0

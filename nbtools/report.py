@@ -28,10 +28,10 @@ from xml.etree import ElementTree as ET
 import jinja2
 import nbformat
 
-from .checks import Status, check_ids
+from .checks import Status, check_ids, strip_ansi
 from .commands import shell_line
 from .device import device_line
-from .run_results import RunReport, status_counts, strip_ansi
+from .run_results import RunReport, status_counts
 from .versions import installed
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.

@@ -13,7 +13,7 @@ import pytest
 from conftest import NOTEBOOKS
 
 from nbtools.checks import SEED_CHECKS
-from nbtools.teacher import PROSE_LIMIT, check_series, exercise_cells
+from nbtools.lint import PROSE_LIMIT, check_series, exercise_cells
 
 
 def test_committed_series_is_clean():

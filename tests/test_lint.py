@@ -49,8 +49,8 @@ MAX_CODE_LINES = 4660
 PARTS = {
     "core": (0, {"device", "plan", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
               "npusmi", "floors", "lang"}),
-    "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guardian", "ps", "machines", "session", "magics"}),
-    "run": (2, {"runner", "kernels", "run_results", "report", "teacher", "doctor", "bundle"}),
+    "launch": (1, {"commands", "diagnose", "guarded", "launcher", "guardian", "machines", "session", "magics"}),
+    "run": (2, {"runner", "kernels", "run_results", "report", "lint", "answers", "ps", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),
     "entry": (3, {"__init__", "__main__"}),
 }

@@ -8,10 +8,10 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
-from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, needs_of, verdict_in
+from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, judge_checks, needs_of, verdict_in
 from nbtools.device import from_probe
 from nbtools.lang import msg
-from nbtools.runner import here_for, judge_checks
+from nbtools.runner import here_for
 
 CPU = Here("cpu")
 SIM_NPU = Here("npu", 2, simulated=True)
@@ -110,7 +110,7 @@ def test_a_verdict_is_the_displayed_data_for_the_cells_own_id(outputs, want):
     assert verdict_in(outputs, "a") == want
     cell = nbformat.v4.new_code_cell("", metadata={"tags": ["check:a"]}, execution_count=1, outputs=outputs)
     (got,) = judge_checks(nbformat.v4.new_notebook(cells=[cell]), "x.ipynb")
-    assert (got.status, got.reason) == (want or (Status.FAILED, msg("runner.no_verdict", "zh", check_id="a")))
+    assert (got.status, got.reason) == (want or (Status.FAILED, msg("checks.no_verdict", "zh", check_id="a")))
 
 
 def test_every_needs_tag_of_the_series_is_in_the_vocabulary():
