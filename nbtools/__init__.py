@@ -42,35 +42,11 @@ def load_ipython_extension(ip):
 
     register(ip)
 
-__all__ = [
-    "SEED_CHECKS",
-    "CommandNotHere",
-    "DeviceError",
-    "DeviceInfo",
-    "LaunchError",
-    "LaunchPlan",
-    "LaunchTimeout",
-    "NbtoolsError",
-    "OutputMismatch",
-    "ParameterError",
-    "Session",
-    "CommandResult",
-    "accelerate_launch",
-    "LaunchOptions",
-    "assert_matches",
-    "cleanup",
-    "detect",
-    "editable",
-    "free_port",
-    "installed",
-    "match",
-    "parse_kv",
-    "passed",
-    "public_version",
-    "run_command",
-    "same_version",
-    "setup",
-    "skipped",
-    "validate",
-    "work_dir",
+
+__all__ = [  # what a notebook reaches as nbtools.*
+    "setup", "Session", "detect", "DeviceInfo", "validate", "work_dir", "cleanup",
+    "run_command", "CommandResult", "CommandNotHere", "free_port", "accelerate_launch", "LaunchOptions", "LaunchPlan",
+    "SEED_CHECKS", "passed", "skipped", "assert_matches", "match", "parse_kv",
+    "installed", "editable", "public_version", "same_version",
+    "NbtoolsError", "DeviceError", "ParameterError", "LaunchError", "LaunchTimeout", "OutputMismatch",
 ]

@@ -167,15 +167,13 @@ def quote_problems(paths: list[Path], check_ids: set[str]) -> list[str]:
     """Backticked quotes in the prose (answers included) that nothing in the series produces: an assertion
     message (`... != ...`), a label an output starts with (`工作文件夹：`), a check id. What produces them
     is the code cells of the series and nbtools itself (the setup cell's lines, the launcher's)."""
-    produced = "\n".join(
-        [c.source for p in paths for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code"]
-        + [f.read_text(encoding="utf-8") for f in Path(__file__).parent.glob("*.py")]
-        + [f.read_text(encoding="utf-8") for f in Path(__file__).parent.glob("messages/*.json")]
-    )
+    cells, here = {p: nbformat.read(p, as_version=4).cells for p in paths}, Path(__file__).parent
+    produced = "\n".join([c.source for p in paths for c in cells[p] if c.cell_type == "code"]
+                         + [f.read_text(encoding="utf-8") for f in [*here.glob("*.py"), *here.glob("messages/*.json")]])
     prefixes = {cid.split("-")[0] for cid in check_ids}
     problems = []
     for p in paths:
-        for i, cell in enumerate(nbformat.read(p, as_version=4).cells):
+        for i, cell in enumerate(cells[p]):
             if cell.cell_type != "markdown":
                 continue
             for quote in _QUOTE.findall(cell.source):

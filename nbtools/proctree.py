@@ -263,8 +263,13 @@ class Stopper:
         return self
 
     def __exit__(self, *exc) -> None:
-        if left := self.finish():
-            self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
+        """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive, saying so."""
+        self._done.set()
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        if self.signum is not None and (left := [p for p in self.known.values() if is_alive(p)]):
+            terminate_then_kill(left)
+            self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {[p.pid for p in left]}")
 
     def _say(self, text: str) -> None:
         with contextlib.suppress(OSError, ValueError):  # SIGHUP: the terminal may be gone
@@ -276,12 +281,9 @@ class Stopper:
             self._signal_kernel(signal.SIGKILL)
             return
         self.signum = signum
-        self._say(
-            f"\nnbtools run: {self.name} received: stopping the running notebook (its launches stop with it), "
-            "then writing the report"
-        )
-        state = self.state
-        if state is not None:
+        self._say(f"\nnbtools run: {self.name} received: stopping the running notebook (its launches stop with it), "
+                  "then writing the report")
+        if (state := self.state) is not None:
             state.stopping = True
         self._signal_kernel(signal.SIGINT)  # notes the kernel's tree first
         threading.Thread(target=self._watch, daemon=True, name="nbtools-stop").start()
@@ -318,14 +320,3 @@ class Stopper:
         finally:
             self._remember()
             self.state = None
-
-    def finish(self) -> list[int]:
-        """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive. Returns those pids."""
-        self._done.set()
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        if self.signum is None:
-            return []
-        alive = [p for p in self.known.values() if is_alive(p)]
-        terminate_then_kill(alive)
-        return [p.pid for p in alive]

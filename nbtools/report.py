@@ -71,13 +71,8 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
 
 def to_dict(report: RunReport) -> dict:
     counts = status_counts(report)
-    return {**asdict(report), "summary": {
-        "ok": report.ok,
-        "checks": counts["checks"],
-        "notebooks": len(report.notebooks),
-        "notebook_statuses": counts["notebooks"],
-        "junit": counts["junit"],
-    }}
+    return {**asdict(report), "summary": {"ok": report.ok, "checks": counts["checks"], "notebooks": len(report.notebooks),
+                                          "notebook_statuses": counts["notebooks"], "junit": counts["junit"]}}
 
 
 def xml_text(text) -> str:
@@ -213,9 +208,7 @@ def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str
     what could not be rendered). A rendering problem never fails the run: the index then
     links the .ipynb instead and says why.
     """
-    pages: dict[str, str] = {}
-    anchors: dict[str, dict] = {}
-    notes: list[str] = []
+    pages, anchors, notes = {}, {}, []
     executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
     if not executed:
         return pages, anchors, notes

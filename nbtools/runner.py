@@ -102,10 +102,8 @@ def kernel_python(name: str) -> tuple[str, dict]:
         spec = ksm.get_kernel_spec(name)
     except NoSuchKernel:
         names = sorted(ksm.find_kernel_specs())
-        raise ParameterError(
-            f"--kernel {name!r}: no such Jupyter kernel; installed (`jupyter kernelspec list`): "
-            + (", ".join(names) or "none")
-        ) from None
+        raise ParameterError(f"--kernel {name!r}: no such Jupyter kernel; installed (`jupyter kernelspec list`): "
+                             + (", ".join(names) or "none")) from None
     exe = spec.argv[0] if spec.argv else sys.executable
     # jupyter_client itself starts 'python'/'python3' kernels with its own interpreter
     if exe in {"python", f"python{sys.version_info[0]}", "python{}.{}".format(*sys.version_info[:2])}:
@@ -145,9 +143,7 @@ class _Notebooks:
         declared = {p: parameter_defaults(p) for p in notebooks}
         if unknown := [k for k in parameters if not any(k in d for d in declared.values())]:
             names = sorted({k for d in declared.values() for k in d})
-            raise ParameterError(
-                f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}"
-            )
+            raise ParameterError(f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}")
         converted = {p: convert_parameters(parameters, declared[p], p.name) for p in notebooks}
         return cls(notebooks, parameters, sources, declared, converted)
 
@@ -239,18 +235,10 @@ class _Run:
             with self.kernels.running(path) as state, self.stopper.watching(state):
                 if nxt is not None and not self.stopper.signum:
                     self.kernels.ahead(nxt)  # the next notebook's kernel boots while this one runs
-                pm.execute_notebook(
-                    str(path),
-                    str(self.output_dir / path.name),
-                    parameters=nb_params,
-                    kernel_name=self.kernels.kernel,
-                    cwd=str(path.parent),
-                    execution_timeout=self.timeout,
-                    progress_bar=False,
-                    km=state.km,  # passed on to nbclient, which leaves it running: `running` shuts it down
-                    on_cell_execute=state.on_cell_execute,
-                    on_cell_executed=state.on_cell_executed,
-                )
+                pm.execute_notebook(  # km: passed on to nbclient, which leaves it running: `running` shuts it down
+                    str(path), str(self.output_dir / path.name), parameters=nb_params, kernel_name=self.kernels.kernel,
+                    cwd=str(path.parent), execution_timeout=self.timeout, progress_bar=False, km=state.km,
+                    on_cell_execute=state.on_cell_execute, on_cell_executed=state.on_cell_executed)
         except Exception as exc:  # papermill raises PapermillExecutionError, timeouts, dead kernels
             return Failure.of(exc)
         except KeyboardInterrupt:  # a signal before our handlers, or a cell refused after a stop
@@ -268,16 +256,8 @@ class _Run:
         return error
 
 
-def run_notebooks(
-    notebooks: list[Path],
-    output_dir: Path,
-    parameters: dict | None = None,
-    *,
-    kernel: str = DEFAULT_KERNEL,
-    timeout: float | None = 1800,
-    keep_work: bool = False,
-    info: DeviceInfo | None = None,
-) -> RunReport:
+def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | None = None, *, kernel: str = DEFAULT_KERNEL,
+                  timeout: float | None = 1800, keep_work: bool = False, info: DeviceInfo | None = None) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
@@ -311,15 +291,15 @@ def run_notebooks(
             run.notebook(i, path)
     report.stopped_by = stopper.name
     report.duration_s = round(time.monotonic() - t0, 2)
-    _add_unclaimed(report, notebooks)
+    _add_unclaimed(report, selected.sources)
     return report
 
 
-def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
-    """Every seed id gets an entry: not in this run's notebooks -> skipped (not selected) or missing."""
-    have = {c.id for c in report.checks}
+def _add_unclaimed(report: RunReport, run: dict) -> None:
+    """Every seed id gets an entry: not in this run's notebooks (``run``: path -> the notebook as read) -> skipped
+    (not selected) or missing."""
+    have, notebooks = {c.id for c in report.checks}, list(run)
     others: dict[str, str] = {}
-    run = {p: nbformat.read(p, as_version=4) for p in notebooks}  # an unreadable notebook is an error, not "missing"
     lang = of_metadata(next(iter(run.values())).metadata) if run else None
     # an English notebook's series is notebooks/en/ and, where not yet translated, its Chinese twins' folder
     folders = {p.parent for p in notebooks} | {p.parent.parent for p, nb in run.items() if of_metadata(nb.metadata) != "zh"}

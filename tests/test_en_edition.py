@@ -183,7 +183,8 @@ def test_an_english_notebooks_unrun_seed_checks_are_not_missing(tmp_path):
     nb["metadata"]["nbtools_translation"] = {"lang": "en"}
     ed.save(tmp_path / "en" / "02_distributed_eval.ipynb", nb)
     report = RunReport(device={})
-    _add_unclaimed(report, [tmp_path / "en" / "02_distributed_eval.ipynb"])
+    path = tmp_path / "en" / "02_distributed_eval.ipynb"
+    _add_unclaimed(report, {path: nbformat.read(path, as_version=4)})
     got = {c.id: (c.status.value, c.reason) for c in report.checks}
     assert set(got) == set(SEED_CHECKS) and got["check-py"] == ("skipped", "not selected: 00_environment.ipynb was not "
                                                                            "run this time"), got
