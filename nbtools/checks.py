@@ -5,9 +5,10 @@ Tag scheme (documented in README): an assertion cell carries the cell tag
 ends with ``passed("<id>")``; a check that cannot run here calls
 ``skipped("<id>", "<reason>")`` instead. In a kernel, each displays its verdict as data (``VERDICT_MIME``:
 ``{"check", "status", "reason"}``) with the line a reader sees beside it (``text/plain``: ``[check] PASSED <id> --
-<detail>``); elsewhere (a script, a test) it prints that line. The runner reads the executed notebook: an error in
-the cell -> failed; the cell's verdict for its id -> passed / skipped; no verdict (a printed line is none), or the
-cell never ran -> failed. The exceptions are in errors.py, the expected-block rules in expected.py.
+<detail>``); elsewhere (a script, a test) it prints that line. ``verdict`` is the one judge of a check, in the
+executed notebook the runner reads: an error in the cell -> failed; the cell's verdict for its id -> passed / skipped;
+no verdict (a printed line is none), or the cell never ran -> failed; its notebook not run -> failed; no notebook of
+the run carries it -> skipped where another notebook of the series does, else missing. The exceptions are in errors.py, the expected-block rules in expected.py.
 
 Each check cell also carries one ``needs:<need>`` tag per condition under which it can run (none: it passes
 everywhere). ``Here`` weighs them against the run's probe and parameters; the runner expects ``passed`` where
@@ -49,20 +50,8 @@ class Status(str, Enum):
         return green if self is Status.PASSED else yellow if self is Status.SKIPPED else red
 
 
-SEED_CHECKS = (
-    "check-py",
-    "check-torch",
-    "acc-install-binary",
-    "acc-install-source",
-    "acc-env",
-    "acc-launch",
-    "acc-train-single",
-    "acc-prepare",
-    "acc-launch-bf16",
-    "acc-gather-multi",
-    "acc-empty-weights",
-    "acc-dispatch",
-)
+SEED_CHECKS = ("check-py", "check-torch", "acc-install-binary", "acc-install-source", "acc-env", "acc-launch",
+               "acc-train-single", "acc-prepare", "acc-launch-bf16", "acc-gather-multi", "acc-empty-weights", "acc-dispatch")
 TAG_PREFIX = "check:"
 VERDICT_MIME = "application/vnd.nbtools.verdict+json"  # a check cell's verdict, as the runner reads it
 

@@ -78,8 +78,7 @@ def check_notebook(path: Path) -> tuple[list[str], dict[str, list[str]]]:
         problems.append(f"{name}: notebook metadata holds papermill run data; save it clean")
     for i, cell in enumerate(nb.cells):
         problems += _cell_problems(f"{name} cell {i}", cell, claims)
-    n_params = sum("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells)
-    if n_params != 1:
+    if (n_params := sum("parameters" in cell.get("metadata", {}).get("tags", []) for cell in nb.cells)) != 1:
         problems.append(f"{name}: {n_params} cells tagged 'parameters', expected exactly 1")
     problems += [f"{name}: {p}" for p in exercise_problems(nb)]
     code = [c.source for c in nb.cells if c.cell_type == "code"]

@@ -244,8 +244,7 @@ class Stopper:
     SIGTERM, then SIGKILL (GRACE apart). The run then reports what it did and the CLI exits 128 + signal.
     """
 
-    def __init__(self, grace: float = STOP_GRACE_S):
-        self.grace = grace
+    def __init__(self):
         self.signum: int | None = None
         self.state = None  # the running notebook's kernels.KernelState: its .pid, and .stopping set on a stop
         self.known: dict[int, object] = {}  # pid -> psutil.Process: the kernel and its descendants
@@ -289,11 +288,11 @@ class Stopper:
         threading.Thread(target=self._watch, daemon=True, name="nbtools-stop").start()
 
     def _watch(self) -> None:
-        deadline = time.monotonic() + self.grace
+        deadline = time.monotonic() + STOP_GRACE_S
         while not self._done.wait(0.2):
             self._remember()
             if time.monotonic() > deadline and self.state is not None:
-                self._say(f"nbtools run: the kernel did not stop within {self.grace:.0f} s: killing it")
+                self._say(f"nbtools run: the kernel did not stop within {STOP_GRACE_S:.0f} s: killing it")
                 self._signal_kernel(signal.SIGKILL)
                 deadline = float("inf")
 

@@ -210,10 +210,9 @@ class _Run:
             failure.check_id = next(iter(check_ids(cell.get("metadata", {}).get("tags"))), "")
         error = self.explain(failure, executed)
         status = Status.FAILED if error else Status.PASSED
-        self.report.notebooks.append(
-            NotebookResult(path.name, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
-                           self.kernels.log_for(path).name, nb_params, failure)
-        )
+        output = out_path.name if out_path.exists() else ""
+        self.report.notebooks.append(NotebookResult(path.name, status, round(duration, 2), error, output,
+                                                    self.kernels.log_for(path).name, nb_params, failure))
         here = here_for(self.info, self.selected.converted[path], self.selected.declared[path], **self.needs)
         self.report.checks.extend(judge_checks(executed, path.name, here=here))  # each verdict held to its needs
         print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
@@ -273,10 +272,8 @@ def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | No
              "network": os.environ.get("NBTOOLS_NETWORK") == "1"}
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
-    report = RunReport(
-        device={**info.to_dict(), **needs}, parameters=selected.parameters,  # needs: what the pin weighed besides
-        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel,
-    )
+    report = RunReport(device={**info.to_dict(), **needs}, parameters=selected.parameters,  # needs: what the pin weighed
+                       started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel)
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs
         run_root = stack.enter_context(_work_root(keep_work))
