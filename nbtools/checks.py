@@ -8,7 +8,8 @@ ends with ``passed("<id>")``; a check that cannot run here calls
 <detail>``); elsewhere (a script, a test) it prints that line. ``verdict`` is the one judge of a check, in the
 executed notebook the runner reads: an error in the cell -> failed; the cell's verdict for its id -> passed / skipped;
 no verdict (a printed line is none), or the cell never ran -> failed; its notebook not run -> failed; no notebook of
-the run carries it -> skipped where another notebook of the series does, else missing. The exceptions are in errors.py, the expected-block rules in expected.py.
+the run carries it -> skipped where another notebook of the series does, else missing. The exceptions are in
+errors.py, the expected-block rules in expected.py.
 
 Each check cell also carries one ``needs:<need>`` tag per condition under which it can run (none: it passes
 everywhere). ``Here`` weighs them against the run's probe and parameters; the runner expects ``passed`` where

@@ -1,6 +1,7 @@
 """The data model of a run: what `python -m nbtools run` found (RunReport, each notebook's NotebookResult with its
-Failure, each check's CheckResult) and the one count of their statuses. runner.py fills it, report.py writes it
-out; keeping it apart keeps the house acyclic: the reports never import the runner.
+Failure, each check's CheckResult, which checks.py judges), what fails a run (``failures``) and the one count of their
+statuses. runner.py fills it, report.py writes it out; keeping it apart keeps the house acyclic: the reports never
+import the runner.
 """
 
 from __future__ import annotations
