@@ -1,4 +1,5 @@
-"""Run the exercise answers that are code, and check that each still does what its text says.
+"""`python -m nbtools answers`: run the exercise answers that are code, and check that each still does what its text
+says.
 
 An exercise cell whose answer can be applied to the lesson mechanically carries it in its metadata,
 under ``nbtools.answers`` (a list: one exercise may have several)::
