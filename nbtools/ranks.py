@@ -19,11 +19,6 @@ from .lang import msg
 _KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
 
 
-def strip_rank_prefix(text: str) -> str:
-    """``text`` with the ``[rankN]:`` / ``[defaultN]:`` prefix removed from every line."""
-    return "\n".join(RANK_PREFIX.sub("", line) for line in text.splitlines())
-
-
 def block_keys(block: str) -> list[str]:
     """The keys an expected block's lines start with (``world=2`` -> ``world``), in order, once each."""
     return list(dict.fromkeys(m.group(1) for line in block.splitlines() if (m := _KEY.match(line))))
@@ -32,7 +27,7 @@ def block_keys(block: str) -> list[str]:
 def keyed_lines(output: str, keys) -> str:
     """The lines of ``output`` that start with ``key=`` for one of ``keys``, prefixes removed, in order."""
     wanted = tuple(f"{k}=" for k in keys)
-    lines = (line.strip() for line in strip_rank_prefix(output).splitlines())
+    lines = (RANK_PREFIX.sub("", line).strip() for line in output.splitlines())
     return "\n".join(line for line in lines if line.startswith(wanted))
 
 
@@ -149,13 +144,10 @@ def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
 
 def padding_marks(steps: list[list[list[int]]], n: int) -> list[list[list[bool]]]:
     """Same shape as ``steps``: True where the sample sits at position >= ``n`` in the gathered order."""
-    n_steps = max((len(rank_steps) for rank_steps in steps), default=0)
-    marks = [[[False] * len(batch) for batch in rank_steps] for rank_steps in steps]
-    position = 0
-    for s in range(n_steps):
-        for rank, rank_steps in enumerate(steps):
-            if s < len(rank_steps):
-                for j in range(len(rank_steps[s])):
-                    marks[rank][s][j] = position >= n
-                    position += 1
+    marks, position = [[[] for _ in rank_steps] for rank_steps in steps], 0
+    for s in range(max((len(rank_steps) for rank_steps in steps), default=0)):
+        for rank_steps, rank_marks in zip(steps, marks):
+            if s < len(rank_steps):  # rank by rank within a step: the order gather puts them in
+                rank_marks[s] = [position + j >= n for j in range(len(rank_steps[s]))]
+                position += len(rank_steps[s])
     return marks
