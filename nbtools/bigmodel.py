@@ -27,6 +27,7 @@ Importing this module never imports torch; the functions that need it import it 
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import gc
 import itertools
@@ -44,12 +45,10 @@ from .ranks import EDGE
 
 def _program(text: str) -> str:
     """The Python source of ``python -c "..."`` (or the text itself when it is plain Python)."""
-    try:
+    with contextlib.suppress(ValueError):  # not shell words: plain Python
         words = shlex.split(text)
-    except ValueError:
-        words = []
-    if "-c" in words and words.index("-c") + 1 < len(words):
-        return words[words.index("-c") + 1]
+        if "-c" in words[:-1]:
+            return words[words.index("-c") + 1]
     return text
 
 
@@ -168,8 +167,7 @@ def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: M
                       linewidth=1.2, label="budget - largest layer (kept free)" if dev == next(iter(reserve)) else None)
     ax.set_xticks(range(len(devices)), [f"device {d}" if d.isdigit() else d for d in devices])
     ax.set_ylabel("MB placed")
-    top = max([*budgets.values(), *used.values(), 1]) / 1e6
-    ax.set_ylim(0, 1.3 * top)  # room for the legend above the budget lines
+    ax.set_ylim(0, 1.3 * (max([*budgets.values(), *used.values(), 1]) / 1e6))  # room for the legend above the budgets
     ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
     ax.set_title(title or "infer_auto_device_map: bytes per device against max_memory", fontsize=10)
     fig.tight_layout()

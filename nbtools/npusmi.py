@@ -107,10 +107,9 @@ class _Table:
         self.npu: dict | None = None  # the last NPU row's own values
 
     def row(self, cells: list[str]) -> None:
-        joined = " ".join(cells)
         lowered = [c.lower() for c in cells]
-        if self.version is None and self.section is None and _VERSION.search(joined):
-            self.version = _VERSION.search(joined).group(1)
+        if self.version is None and self.section is None and (m := _VERSION.search(" ".join(cells))):
+            self.version = m.group(1)
         elif "health" in lowered:
             self.npu_header, self.section = [c.split() for c in cells], "npu"
         elif self.section == "npu" and self.chip_header is None and "bus-id" in lowered:

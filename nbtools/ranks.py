@@ -101,11 +101,8 @@ def draw_collectives(chunks: list[list], title: str = ""):
 def _rank_rows(ax, world: int, right: float, top: float) -> None:
     """One row per rank (``rank 0`` at the top), no x ticks, no frame."""
     ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
-    ax.set_xticks([])
-    ax.set_xlim(-0.3, right)
-    ax.set_ylim(-world + 0.3, top)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.set(xticks=[], xlim=(-0.3, right), ylim=(-world + 0.3, top))
+    ax.spines[:].set_visible(False)
 
 
 def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
@@ -116,25 +113,20 @@ def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    marks = padding_marks(steps, n)
-    world = len(steps)
     n_steps = max((len(s) for s in steps), default=0)
     width = max((len(b) for s in steps for b in s), default=1)
     units = n_steps * (width + 1)
-    fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * units + 1.5), 0.6 * world + 1.7))
-    for k, (rank_steps, rank_marks) in enumerate(zip(steps, marks)):
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * units + 1.5), 0.6 * len(steps) + 1.7))
+    for k, (rank_steps, rank_marks) in enumerate(zip(steps, padding_marks(steps, n))):
         for s, (batch, pads) in enumerate(zip(rank_steps, rank_marks)):
-            x0 = s * (width + 1)
             for j, (index, pad) in enumerate(zip(batch, pads)):
-                _cells(ax, x0 + j, -k, [index], PADDING if pad else REAL, "//" if pad else None)
+                _cells(ax, s * (width + 1) + j, -k, [index], PADDING if pad else REAL, "//" if pad else None)
     for s in range(n_steps):
         ax.text(s * (width + 1) + width / 2, 0.6, f"step {s}", ha="center", va="bottom", fontsize=9)
-    _rank_rows(ax, world, units, 1.2)
+    _rank_rows(ax, len(steps), units, 1.2)
     ax.set_aspect("equal")
-    legend = [
-        Patch(facecolor=REAL, edgecolor=EDGE, label="sample that counts"),
-        Patch(facecolor=PADDING, edgecolor=EDGE, hatch="//", label="padding: gather_for_metrics drops it"),
-    ]
+    legend = [Patch(facecolor=REAL, edgecolor=EDGE, label="sample that counts"),
+              Patch(facecolor=PADDING, edgecolor=EDGE, hatch="//", label="padding: gather_for_metrics drops it")]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
