@@ -27,20 +27,10 @@ _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 _VERSION = re.compile(r"npu-smi\s+(\S+)")
 
-# Header names as npu-smi prints them -> the keys of the parsed dicts.
-_KEYS = {
-    "npu": "id",
-    "name": "name",
-    "health": "health",
-    "power(w)": "power_w",
-    "temp(c)": "temp_c",
-    "hugepages-usage(page)": "hugepages",
-    "chip": "chip",
-    "bus-id": "bus_id",
-    "aicore(%)": "aicore_pct",
-    "memory-usage(mb)": "memory_mb",
-    "hbm-usage(mb)": "hbm_mb",
-}
+# Header names as npu-smi prints them -> the keys of the parsed dicts, where _key's rule (lower case, `_` for each run
+# of other characters: Bus-Id -> bus_id, Power(W) -> power_w) does not give them.
+_KEYS = {"npu": "id", "hugepages-usage(page)": "hugepages", "aicore(%)": "aicore_pct", "memory-usage(mb)": "memory_mb",
+         "hbm-usage(mb)": "hbm_mb"}
 _PROC_KEYS = {"process id": "pid", "process name": "name", "process memory(mb)": "memory_mb"}
 
 
