@@ -136,8 +136,7 @@ def draw_device_map(device_map: Mapping[str, object], title: str = ""):
         dev = str(device_map[name])
         ax.add_patch(Rectangle((j, 0), 0.92, 1, facecolor=_color(dev), edgecolor=EDGE))
         ax.text(j + 0.46, 0.5, SHORT.get(name, name.rsplit(".", 1)[-1]), ha="center", va="center", fontsize=7)
-    ax.set_xlim(-0.2, len(names) + 0.2)
-    ax.set_ylim(-0.1, 1.1)
+    ax.set(xlim=(-0.2, len(names) + 0.2), ylim=(-0.1, 1.1))
     ax.axis("off")
     devices = list(dict.fromkeys(str(d) for d in device_map.values()))
     ax.legend(handles=[Patch(facecolor=_color(d), edgecolor=EDGE, label=d) for d in devices],
@@ -166,8 +165,7 @@ def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: M
             ax.hlines((budgets[dev] - reserve[dev]) / 1e6, j - 0.4, j + 0.4, colors="#c00000", linestyles="dashed",
                       linewidth=1.2, label="budget - largest layer (kept free)" if dev == next(iter(reserve)) else None)
     ax.set_xticks(range(len(devices)), [f"device {d}" if d.isdigit() else d for d in devices])
-    ax.set_ylabel("MB placed")
-    ax.set_ylim(0, 1.3 * (max([*budgets.values(), *used.values(), 1]) / 1e6))  # room for the legend above the budgets
+    ax.set(ylabel="MB placed", ylim=(0, 1.3 * (max([*budgets.values(), *used.values(), 1]) / 1e6)))  # legend room
     ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
     ax.set_title(title or "infer_auto_device_map: bytes per device against max_memory", fontsize=10)
     fig.tight_layout()
@@ -216,17 +214,14 @@ class PeakRAM:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self._see(ram())
+            self.peak = tuple(map(max, self.peak, ram()))  # (rss, private), each at its highest
             self._stop.wait(self.interval)
-
-    def _see(self, now: tuple[int, int]) -> None:
-        self.peak = (max(self.peak[0], now[0]), max(self.peak[1], now[1]))
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
         self.end = ram()
-        self._see(self.end)
+        self.peak = tuple(map(max, self.peak, self.end))
         self.rss_peak = self.peak[0] - self.start[0]
         self.private_peak = self.peak[1] - self.start[1]
         self.private_end = self.end[1] - self.start[1]

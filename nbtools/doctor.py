@@ -170,8 +170,7 @@ def _devices_row(info: DeviceInfo) -> Row:
 
 
 def _package_rows() -> list[Row]:
-    rows = []
-    wanted = series_requirements()
+    rows, wanted = [], series_requirements()
     for pkg in ("accelerate", "transformers", "peft", "papermill", "nbclient", "ipykernel"):
         ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
         if not ver:
