@@ -34,6 +34,7 @@ import itertools
 import re
 import shlex
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import psutil
@@ -238,13 +239,11 @@ def tensor_bytes(model, outside: Iterable[str] | None = None) -> dict[str, int]:
     belong to none of them: the buffers a device_map does not name stay where they were.
     """
     prefixes = list(outside or ())
-    per_device: dict[str, int] = {}
+    per_device = Counter()
     for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
-        if t.device.type == "meta" or any(p == "" or name == p or name.startswith(p + ".") for p in prefixes):
-            continue
-        dev = str(t.device)
-        per_device[dev] = per_device.get(dev, 0) + t.numel() * t.element_size()
-    return per_device
+        if t.device.type != "meta" and not any(p == "" or name == p or name.startswith(p + ".") for p in prefixes):
+            per_device[str(t.device)] += t.numel() * t.element_size()
+    return dict(per_device)
 
 
 def bytes_per_target(device_map: Mapping[str, object], sizes: Mapping[str, int]) -> dict[str, int]:

@@ -72,10 +72,9 @@ def draw_collectives(chunks: list[list], title: str = ""):
     if not chunks or any(len(c) != len(chunks[0]) for c in chunks):
         raise ValueError(f"expected one equally long list per rank, got {chunks!r}")
     world, length = len(chunks), len(chunks[0])
-    gathered = [v for c in chunks for v in c]
-    reduced = [sum(col) for col in zip(*chunks)]
     color = [RANK_COLORS[k % len(RANK_COLORS)] for k in range(world)]  # rank k's numbers keep rank k's colour
-    panels = (("all-gather: gather / gather_for_metrics", gathered, True), ("all-reduce (sum): reduce", reduced, False))
+    panels = (("all-gather: gather / gather_for_metrics", [v for c in chunks for v in c], True),
+              ("all-reduce (sum): reduce", [sum(col) for col in zip(*chunks)], False))
     widths = [length + 2 + len(out) for _, out, _ in panels]
     fig, axes = plt.subplots(1, 2, figsize=(0.4 * sum(widths) + 2.2, 0.55 * world + 1.3), width_ratios=widths)
     for ax, (head, out, by_rank) in zip(axes, panels):
