@@ -5,7 +5,7 @@ The learner-facing API: ``nbtools.setup`` (session.py) and the ``%cmd`` / ``%%cm
 
 Four parts, each importing only its own and those before it (README, "nbtools: the plumbing"):
 core (device, params, checks, proctree, npusmi), launch (session, magics, commands, launcher,
-guarded, diagnose, guard, ps, machines), run (runner, kernels, report, teacher, doctor) and the
+guarded, diagnose, guardian, machines), run (runner, kernels, report, lint, answers, ps, doctor) and the
 lessons' helpers (bigmodel, ranks). Importing this package never imports torch.
 """
 
@@ -40,36 +40,11 @@ def load_ipython_extension(ip):
 
     register(ip)
 
-__all__ = [
-    "SEED_CHECKS",
-    "CommandNotHere",
-    "DeviceError",
-    "DeviceInfo",
-    "LaunchError",
-    "LaunchSpec",
-    "LaunchTimeout",
-    "NbtoolsError",
-    "OutputMismatch",
-    "ParameterError",
-    "Session",
-    "CommandResult",
-    "accelerate_launch",
-    "LaunchOptions",
-    "assert_matches",
-    "cleanup",
-    "detect",
-    "editable",
-    "free_port",
-    "installed",
-    "match",
-    "parse_kv",
-    "passed",
-    "plan",
-    "public_version",
-    "run_command",
-    "same_version",
-    "setup",
-    "skipped",
-    "validate",
-    "work_dir",
+
+__all__ = [  # what a notebook reaches as nbtools.*
+    "setup", "Session", "detect", "DeviceInfo", "validate", "work_dir", "cleanup", "plan", "LaunchSpec",
+    "run_command", "CommandResult", "CommandNotHere", "free_port", "accelerate_launch", "LaunchOptions",
+    "SEED_CHECKS", "passed", "skipped", "assert_matches", "match", "parse_kv",
+    "installed", "editable", "public_version", "same_version",
+    "NbtoolsError", "DeviceError", "ParameterError", "LaunchError", "LaunchTimeout", "OutputMismatch",
 ]

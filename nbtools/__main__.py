@@ -34,15 +34,9 @@ def _cmd_launch(args) -> int:
 
     _simulate(args)
     try:
-        result = accelerate_launch(
-            args.script,
-            *args.args,
-            num_processes=args.num_processes,
-            mixed_precision=args.mixed_precision,
-            device=args.device,
-            timeout=args.timeout,
-            options=LaunchOptions(timeout_name="--timeout", offline=not args.online),
-        )
+        result = accelerate_launch(args.script, *args.args, num_processes=args.num_processes,
+                                   mixed_precision=args.mixed_precision, device=args.device, timeout=args.timeout,
+                                   options=LaunchOptions(timeout_name="--timeout", offline=not args.online))
     except LaunchError as exc:  # a timeout exits 124, a failure with the launch's own exit code
         print(f"\nnbtools launch: {exc}", file=sys.stderr)
         code = exc.result.returncode if exc.result is not None and exc.result.returncode > 0 else 1
@@ -52,23 +46,29 @@ def _cmd_launch(args) -> int:
     return 0
 
 
+def _notebooks_here(args, default_output: Path) -> tuple[list[Path], Path, object]:
+    """run and answers: the notebooks named (each checked to exist), the output folder, and the device the kernel
+    sees (its interpreter, not this one, is what the notebooks get), said first."""
+    from .runner import detect_for_kernel, discover
+
+    notebooks = discover(args.notebooks)
+    _simulate(args)
+    info = detect_for_kernel(args.kernel)
+    print(info.summary())
+    return notebooks, Path(args.output) if args.output else default_output, info
+
+
 def _cmd_run(args) -> int:
     from . import report as report_mod
     from .params import parse_params
-    from .runner import detect_for_kernel, discover, run_notebooks
+    from .runner import run_notebooks
 
     params = parse_params(args.param)
-    notebooks = discover(args.notebooks)
-    _simulate(args)
     if args.network:  # read by the runner and by the kernels' needs
         os.environ["NBTOOLS_NETWORK"] = "1"
-    out = Path(args.output) if args.output else Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S")
-    info = detect_for_kernel(args.kernel)  # the kernel's interpreter, not this one, is what the notebooks get
-    print(info.summary())
+    notebooks, out, info = _notebooks_here(args, Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S"))
     print(f"running {len(notebooks)} notebook(s) with kernel {args.kernel!r}; output: {out}")
-    rep = run_notebooks(
-        notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info
-    )
+    rep = run_notebooks(notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info)
     paths = report_mod.write_all(rep, out)
     print(report_mod.verdict_table(rep, out))
     for n in rep.notebooks:
@@ -86,14 +86,9 @@ def _cmd_run(args) -> int:
 
 
 def _cmd_answers(args) -> int:
-    from .runner import detect_for_kernel, discover
-    from .teacher import run_answers
+    from .answers import run_answers
 
-    notebooks = discover(args.notebooks)
-    _simulate(args)
-    out = Path(args.output) if args.output else Path("nbtools-output") / "answers"
-    info = detect_for_kernel(args.kernel)
-    print(info.summary())
+    notebooks, out, info = _notebooks_here(args, Path("nbtools-output") / "answers")
     print("each answer runs a copy of its lesson changed as the answer says; most answers make a check fail on "
           "purpose, so 'failed' below is often what is expected: the verdicts are compared at the end")
     answers = run_answers(notebooks, out, kernel=args.kernel, timeout=args.timeout, kind=info.kind)
@@ -113,8 +108,8 @@ def _cmd_ps(args) -> int:
 
 
 def _cmd_check(args) -> int:
+    from .lint import check_series
     from .runner import default_notebooks_dir
-    from .teacher import check_series
 
     folder = Path(args.folder) if args.folder else default_notebooks_dir()
     problems = check_series(folder)
@@ -125,7 +120,7 @@ def _cmd_check(args) -> int:
 
 
 def _cmd_reset(args) -> int:
-    from .teacher import reset
+    from .ps import reset
 
     reset(Path(args.folder) if args.folder else None, dry_run=args.dry_run, kill=args.kill, find_links=args.find_links)
     return 0
@@ -165,11 +160,8 @@ def _simulation_options() -> argparse.ArgumentParser:
 
     sim = argparse.ArgumentParser(add_help=False)
     g = sim.add_argument_group("simulated NPU (proves code paths and wiring on a CPU, never the hardware)")
-    g.add_argument(
-        "--simulate-npu",
-        action="store_true",
-        help="run on the repository's simulated Ascend NPU (simnpu/): torch_npu, torch.npu, hccl over gloo, npu-smi",
-    )
+    g.add_argument("--simulate-npu", action="store_true",
+                   help="run on the repository's simulated Ascend NPU (simnpu/): torch_npu, torch.npu, hccl over gloo, npu-smi")
     g.add_argument("--npu-cards", type=int, help=f"simulated cards on the host (default {DEFAULT_CARDS}); "
                    "ASCEND_RT_VISIBLE_DEVICES selects among them as on a real host")
     g.add_argument("--npu-soc", choices=SOCS, help=f"the simulated card (default {DEFAULT_SOC}; "
@@ -182,12 +174,8 @@ def _notebook_run_options(p: argparse.ArgumentParser, default_output: str) -> No
     p.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
     p.add_argument("--output", help=f"output dir (default: {default_output})")
     p.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
-    p.add_argument(
-        "--kernel",
-        default="python3",
-        help="Jupyter kernel name, as `jupyter kernelspec list` shows it (ModelArts names kernels per engine); "
-        "the device is probed with that kernel's own interpreter",
-    )
+    p.add_argument("--kernel", default="python3", help="Jupyter kernel name, as `jupyter kernelspec list` shows it "
+                   "(ModelArts names kernels per engine); the device is probed with that kernel's own interpreter")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,7 +190,6 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--bundle", action="store_true", help="also zip the report to send back (as `report --bundle`)")
     r.add_argument("--network", action="store_true",
                    help="this machine reaches GitHub and the Hub: checks tagged needs:network are expected to run")
-    r.set_defaults(func=_cmd_run)
 
     from . import decide  # the one default count and precision list (decide.py)
     from .params import DEFAULT_TIMEOUT_S
@@ -215,16 +202,13 @@ def build_parser() -> argparse.ArgumentParser:
     la.add_argument("--online", action="store_true", help="let Hugging Face reach the network")
     la.add_argument("script")
     la.add_argument("args", nargs=argparse.REMAINDER)
-    la.set_defaults(func=_cmd_launch)
 
     an = sub.add_parser("answers", parents=[sim], help="apply every exercise answer that is code to its lesson, run it, "
                         "and check that the checks say what the answer says")
     _notebook_run_options(an, "nbtools-output/answers")
-    an.set_defaults(func=_cmd_answers)
 
     c = sub.add_parser("check", help="hygiene of the committed notebooks (clean, tagged, no shell escapes)")
     c.add_argument("folder", nargs="?")
-    c.set_defaults(func=_cmd_check)
 
     rs = sub.add_parser("reset", help="between two workshop groups: the notebooks back as committed, nbtools' launches "
                         "stopped, the processes holding a card listed, notebooks/work/ removed, the Accelerate "
@@ -233,10 +217,8 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--dry-run", action="store_true", help="say what it would do, do nothing")
     rs.add_argument("--kill", action="store_true", help="also stop every process holding a card (npu-smi's table)")
     rs.add_argument("--find-links", metavar="WHEELHOUSE", help="reinstall Accelerate from this folder, with no index")
-    rs.set_defaults(func=_cmd_reset)
 
-    d = sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the quick-start's versions")
-    d.set_defaults(func=_cmd_doctor)
+    sub.add_parser("doctor", help="check Python/torch/torch_npu/CANN/devices/accelerate against the quick-start's versions")
 
     _inspect_commands(sub, sim)
     return p
@@ -246,22 +228,18 @@ def _inspect_commands(sub, sim: argparse.ArgumentParser) -> None:
     """ps, detect and report: what runs, what this machine is, what a run found."""
     ps = sub.add_parser("ps", help="list launches nbtools started that are still running (--kill stops them)")
     ps.add_argument("--kill", action="store_true", help="stop every listed launch with all its processes")
-    ps.add_argument(
-        "which", nargs="*", metavar="LAUNCH_ID_OR_PID", help="only these launches: an id, or a pid of one of its processes or of its starter (default: all)"
-    )
-    ps.set_defaults(func=_cmd_ps)
+    ps.add_argument("which", nargs="*", metavar="LAUNCH_ID_OR_PID",
+                    help="only these launches: an id, or a pid of one of its processes or of its starter (default: all)")
 
     de = sub.add_parser("detect", parents=[sim], help="print what this machine is and how a real N-process group starts here")
     de.add_argument("--json", action="store_true")
     de.add_argument("--num-processes", type=int)
-    de.set_defaults(func=_cmd_detect)
 
     rp = sub.add_parser("report", help="--bundle zips a run's report.json, result.json, junit.xml and "
                         "the environment (npu-smi, packages, accelerate env), scrubbed, to send back")
     rp.add_argument("run_dir", help="the --output folder of a `python -m nbtools run`")
     rp.add_argument("--bundle", action="store_true", required=True, help="the only action so far")
     rp.add_argument("--to", help="the zip's path (default: RUN_DIR/nbtools-bundle.zip)")
-    rp.set_defaults(func=_cmd_report)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -270,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             stream.reconfigure(errors="backslashreplace")
     args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        return globals()[f"_cmd_{args.command}"](args)  # command NAME runs _cmd_NAME(args)
     except NbtoolsError as exc:
         print(f"nbtools {args.command}: {exc}", file=sys.stderr)
         return 2

@@ -9,9 +9,8 @@
 
 Importing this module never imports torch.
 
-How much memory a step takes: tensor bytes per device, process RAM, accelerator allocations.
-
-Three measures, each answering a different question (notebook 03b uses all three):
+How much memory a step takes: tensor bytes per device and process RAM (notebook 03b reads the accelerators' own
+counts, ``torch.<kind>.memory_allocated(i)``, itself):
 
 - ``tensor_bytes(model)``: bytes of the parameters and buffers that are NOT on ``meta``,
   per device. Exact and repeatable: where the tensors really live.
@@ -21,7 +20,6 @@ Three measures, each answering a different question (notebook 03b uses all three
   cache, so "private" is what the step really keeps. Before measuring, ``release_freed_memory``
   runs the garbage collector and glibc's ``malloc_trim(0)`` so that memory freed earlier is
   given back to the OS instead of being silently reused (which would hide a new allocation).
-- ``accelerator_allocated(kind, count)``: ``torch.<kind>.memory_allocated(i)`` per device.
 
 Importing this module never imports torch; the functions that need it import it lazily.
 """
@@ -29,28 +27,29 @@ Importing this module never imports torch; the functions that need it import it 
 from __future__ import annotations
 
 import ast
+import contextlib
 import ctypes
 import gc
 import itertools
 import re
 import shlex
 import threading
+from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import psutil
 
 from .commands import split_targets as split_targets
 from .errors import NbtoolsError
+from .ranks import EDGE
 
 
 def _program(text: str) -> str:
     """The Python source of ``python -c "..."`` (or the text itself when it is plain Python)."""
-    try:
+    with contextlib.suppress(ValueError):  # not shell words: plain Python
         words = shlex.split(text)
-    except ValueError:
-        words = []
-    if "-c" in words and words.index("-c") + 1 < len(words):
-        return words[words.index("-c") + 1]
+        if "-c" in words[:-1]:
+            return words[words.index("-c") + 1]
     return text
 
 
@@ -118,20 +117,13 @@ def program_device_map(text: str) -> dict:
 
 DEVICE_COLORS = {"cpu": "#fde2b8", "disk": "#d9d9d9", "meta": "#ffffff"}
 ACCEL_COLORS = ("#cfe0f5", "#d9ead3", "#ead1dc", "#d0e0e3")
-EDGE = "#33415c"
+SHORT = {"model.embed_tokens": "emb", "model.norm": "norm", "lm_head": "head", "model.rotary_emb": "rope"}
 
 
 def _color(device: str) -> str:
-    if device in DEVICE_COLORS:
-        return DEVICE_COLORS[device]
-    index = int(device.rsplit(":", 1)[-1]) if device.rsplit(":", 1)[-1].isdigit() else 0
-    return ACCEL_COLORS[index % len(ACCEL_COLORS)]
-
-
-def _short(name: str) -> str:
-    return {"model.embed_tokens": "emb", "model.norm": "norm", "lm_head": "head", "model.rotary_emb": "rope"}.get(
-        name, name.rsplit(".", 1)[-1]
-    )
+    """A device's colour: cpu, disk, meta their own; an accelerator (``npu:1``, or Accelerate's bare ``1``) by index."""
+    index = device.rsplit(":", 1)[-1]
+    return DEVICE_COLORS.get(device) or ACCEL_COLORS[int(index) % len(ACCEL_COLORS) if index.isdigit() else 0]
 
 
 def draw_device_map(device_map: Mapping[str, object], title: str = ""):
@@ -144,9 +136,8 @@ def draw_device_map(device_map: Mapping[str, object], title: str = ""):
     for j, name in enumerate(names):
         dev = str(device_map[name])
         ax.add_patch(Rectangle((j, 0), 0.92, 1, facecolor=_color(dev), edgecolor=EDGE))
-        ax.text(j + 0.46, 0.5, _short(name), ha="center", va="center", fontsize=7)
-    ax.set_xlim(-0.2, len(names) + 0.2)
-    ax.set_ylim(-0.1, 1.1)
+        ax.text(j + 0.46, 0.5, SHORT.get(name, name.rsplit(".", 1)[-1]), ha="center", va="center", fontsize=7)
+    ax.set(xlim=(-0.2, len(names) + 0.2), ylim=(-0.1, 1.1))
     ax.axis("off")
     devices = list(dict.fromkeys(str(d) for d in device_map.values()))
     ax.legend(handles=[Patch(facecolor=_color(d), edgecolor=EDGE, label=d) for d in devices],
@@ -166,7 +157,7 @@ def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: M
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for j, dev in enumerate(devices):
         mb = used.get(dev, 0) / 1e6
-        ax.bar(j, mb, width=0.6, color=_color(dev if not dev.isdigit() else f"x:{dev}"), edgecolor=EDGE)
+        ax.bar(j, mb, width=0.6, color=_color(dev), edgecolor=EDGE)
         ax.text(j, mb, f"{mb:.0f} MB", ha="center", va="bottom", fontsize=8)
         if dev in budgets:
             ax.hlines(budgets[dev] / 1e6, j - 0.4, j + 0.4, colors="#c00000", linewidth=2,
@@ -175,9 +166,7 @@ def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: M
             ax.hlines((budgets[dev] - reserve[dev]) / 1e6, j - 0.4, j + 0.4, colors="#c00000", linestyles="dashed",
                       linewidth=1.2, label="budget - largest layer (kept free)" if dev == next(iter(reserve)) else None)
     ax.set_xticks(range(len(devices)), [f"device {d}" if d.isdigit() else d for d in devices])
-    ax.set_ylabel("MB placed")
-    top = max([*budgets.values(), *used.values(), 1]) / 1e6
-    ax.set_ylim(0, 1.3 * top)  # room for the legend above the budget lines
+    ax.set(ylabel="MB placed", ylim=(0, 1.3 * (max([*budgets.values(), *used.values(), 1]) / 1e6)))  # legend room
     ax.legend(fontsize=8, loc="upper center", ncol=2, frameon=False)
     ax.set_title(title or "infer_auto_device_map: bytes per device against max_memory", fontsize=10)
     fig.tight_layout()
@@ -226,30 +215,21 @@ class PeakRAM:
 
     def _sample(self) -> None:
         while not self._stop.is_set():
-            self._see(ram())
+            self.peak = tuple(map(max, self.peak, ram()))  # (rss, private), each at its highest
             self._stop.wait(self.interval)
-
-    def _see(self, now: tuple[int, int]) -> None:
-        self.peak = (max(self.peak[0], now[0]), max(self.peak[1], now[1]))
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
         self.end = ram()
-        self._see(self.end)
+        self.peak = tuple(map(max, self.peak, self.end))
         self.rss_peak = self.peak[0] - self.start[0]
         self.private_peak = self.peak[1] - self.start[1]
         self.private_end = self.end[1] - self.start[1]
 
     def __repr__(self) -> str:
-        return (
-            f"PeakRAM(private_end={self.private_end / MB:.1f} MB, private_peak={self.private_peak / MB:.1f} MB, "
-            f"rss_peak={self.rss_peak / MB:.1f} MB)"
-        )
-
-
-def _under(name: str, prefixes: Iterable[str]) -> bool:
-    return any(p == "" or name == p or name.startswith(p + ".") for p in prefixes)
+        return (f"PeakRAM(private_end={self.private_end / MB:.1f} MB, private_peak={self.private_peak / MB:.1f} MB, "
+                f"rss_peak={self.rss_peak / MB:.1f} MB)")
 
 
 def tensor_bytes(model, outside: Iterable[str] | None = None) -> dict[str, int]:
@@ -258,14 +238,12 @@ def tensor_bytes(model, outside: Iterable[str] | None = None) -> dict[str, int]:
     With ``outside`` (module names, e.g. a device_map's keys), count only the tensors that
     belong to none of them: the buffers a device_map does not name stay where they were.
     """
-    prefixes = list(outside) if outside is not None else None
-    per_device: dict[str, int] = {}
+    prefixes = list(outside or ())
+    per_device = Counter()
     for name, t in itertools.chain(model.named_parameters(), model.named_buffers()):
-        if t.device.type == "meta" or (prefixes is not None and _under(name, prefixes)):
-            continue
-        dev = str(t.device)
-        per_device[dev] = per_device.get(dev, 0) + t.numel() * t.element_size()
-    return per_device
+        if t.device.type != "meta" and not any(p == "" or name == p or name.startswith(p + ".") for p in prefixes):
+            per_device[str(t.device)] += t.numel() * t.element_size()
+    return dict(per_device)
 
 
 def bytes_per_target(device_map: Mapping[str, object], sizes: Mapping[str, int]) -> dict[str, int]:
@@ -274,13 +252,3 @@ def bytes_per_target(device_map: Mapping[str, object], sizes: Mapping[str, int])
     for name, target in device_map.items():
         out[str(target)] = out.get(str(target), 0) + sizes[name]
     return out
-
-
-def accelerator_allocated(kind: str, count: int) -> dict[str, int]:
-    """Bytes held by tensors on each of ``count`` devices of ``kind`` (npu/cuda); ``{}`` for the CPU."""
-    if kind == "cpu" or count == 0:
-        return {}
-    import torch
-
-    backend = getattr(torch, kind)
-    return {f"{kind}:{i}": backend.memory_allocated(i) for i in range(count)}

@@ -5,9 +5,11 @@ Tag scheme (documented in README): an assertion cell carries the cell tag
 ends with ``passed("<id>")``; a check that cannot run here calls
 ``skipped("<id>", "<reason>")`` instead. In a kernel, each displays its verdict as data (``VERDICT_MIME``:
 ``{"check", "status", "reason"}``) with the line a reader sees beside it (``text/plain``: ``[check] PASSED <id> --
-<detail>``); elsewhere (a script, a test) it prints that line. The runner reads the executed notebook: an error in
-the cell -> failed; the cell's verdict for its id -> passed / skipped; no verdict (a printed line is none), or the
-cell never ran -> failed. The exceptions are in errors.py, the expected-block rules in expected.py.
+<detail>``); elsewhere (a script, a test) it prints that line. ``verdict`` is the one judge of a check, in the
+executed notebook the runner reads: an error in the cell -> failed; the cell's verdict for its id -> passed / skipped;
+no verdict (a printed line is none), or the cell never ran -> failed; its notebook not run -> failed; no notebook of
+the run carries it -> skipped where another notebook of the series does, else missing. The exceptions are in
+errors.py, the expected-block rules in expected.py.
 
 Each check cell also carries one ``needs:<need>`` tag per condition under which it can run (none: it passes
 everywhere). ``Here`` weighs them against the run's probe and parameters; the runner expects ``passed`` where
@@ -16,13 +18,14 @@ every need is met, else ``skipped``, and fails a check whose verdict differs (``
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass
 from enum import Enum
 
 from .decide import cpu_stands_in, precisions_on
 from .errors import ParameterError
-from .lang import msg
+from .lang import msg, of_metadata
 
 
 class Status(str, Enum):
@@ -48,20 +51,8 @@ class Status(str, Enum):
         return green if self is Status.PASSED else yellow if self is Status.SKIPPED else red
 
 
-SEED_CHECKS = (
-    "check-py",
-    "check-torch",
-    "acc-install-binary",
-    "acc-install-source",
-    "acc-env",
-    "acc-launch",
-    "acc-train-single",
-    "acc-prepare",
-    "acc-launch-bf16",
-    "acc-gather-multi",
-    "acc-empty-weights",
-    "acc-dispatch",
-)
+SEED_CHECKS = ("check-py", "check-torch", "acc-install-binary", "acc-install-source", "acc-env", "acc-launch",
+               "acc-train-single", "acc-prepare", "acc-launch-bf16", "acc-gather-multi", "acc-empty-weights", "acc-dispatch")
 TAG_PREFIX = "check:"
 VERDICT_MIME = "application/vnd.nbtools.verdict+json"  # a check cell's verdict, as the runner reads it
 
@@ -158,3 +149,64 @@ class Here:
         if status is Status.PASSED and unmet:
             return Status.FAILED, msg("checks.passed_but_unmet", lang, unmet=msg("list_sep", lang).join(unmet))
         return status, reason
+
+
+@dataclass
+class CheckResult:
+    id: str
+    status: Status  # passed / failed / skipped / missing
+    notebook: str = ""
+    reason: str = ""
+    seed: bool = False
+
+
+def verdict(cell, check_id: str, lang: str | None = None, *, here: Here | None = None, full: bool = False,
+            not_run: str | None = None, elsewhere: str = "") -> tuple[Status, str]:
+    """The one judge of a check: its (status, reason), said in ``lang`` (the notebook's).
+
+    ``cell`` None: no notebook of the run carries the check: skipped (not selected) where the series notebook
+    ``elsewhere`` does, else missing. ``not_run``: the cell's notebook did not run, for that reason: failed. An error in
+    the cell fails it (its first line, or all of it with ``full``), and so does a cell never reached or one that gave no
+    verdict for ``check_id`` (a printed line is none); a pass or a skip is held to what the cell's needs expect
+    ``here``, when given (``Here.pinned``).
+    """
+    if cell is None:
+        if elsewhere:
+            return Status.SKIPPED, msg("checks.not_selected", lang, notebook=elsewhere)
+        return Status.MISSING, msg("checks.untagged", lang, check_id=check_id)
+    if not_run is not None:
+        return Status.FAILED, not_run
+    outputs = cell.get("outputs", [])
+    if (e := next((o for o in outputs if o.get("output_type") == "error"), None)) is not None:
+        value = strip_ansi(str(e.get("evalue", ""))).strip()
+        value = value if full else (value.splitlines() or [""])[0]
+        return Status.FAILED, f"{e.get('ename', 'Error')}: {value}".strip()
+    if cell.get("execution_count") is None and not outputs:
+        return Status.FAILED, msg("checks.not_reached", lang)
+    if (given := verdict_in(outputs, check_id)) is None:
+        return Status.FAILED, msg("checks.no_verdict", lang, check_id=check_id)
+    return here.pinned(cell.get("metadata", {}).get("tags"), *given, lang) if here else given
+
+
+def judge_checks(nb, notebook: str, full: bool = False, here: Here | None = None,
+                 not_run: str | None = None) -> list[CheckResult]:
+    """Every check cell's verdict (``verdict``), its reasons in the notebook's language."""
+    out, lang = [], of_metadata(nb.metadata)
+    for cell in nb.cells:
+        for cid in check_ids(cell.get("metadata", {}).get("tags")):
+            status, reason = verdict(cell, cid, lang, here=here, full=full, not_run=not_run)
+            out.append(CheckResult(cid, status, notebook, reason, cid in SEED_CHECKS))
+    return out
+
+
+def unexecuted_cells(nb) -> list[int]:
+    """The code cells that never ran: a notebook that finished with any of them (``sys.exit``) failed."""
+    return [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.source.strip() and c.get("execution_count") is None]
+
+
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colours, cursor moves, OSC titles)."""
+    return _ANSI.sub("", text)

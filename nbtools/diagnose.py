@@ -40,11 +40,12 @@ HINTS = (
 
 # A warning that one rank writes between another rank's text and its newline (unbuffered, print() writes
 # the two separately) lands in the middle of that line: `epoch=3 train_loss=0.0898/.../c10d_logger.py:83:
-# FutureWarning: ...`. It is put back on a line of its own. Two kinds: Python's ("<file>.py:<line>:
-# <Category>Warning: ") and torch's C++ log lines ("[rank1]:[W1201 23:22:48.794764329 logger.cpp:329] ").
+# FutureWarning: ...`. It is put back on a line of its own. Three kinds: Python's ("<file>.py:<line>:
+# <Category>Warning: "), torch's C++ log lines ("[rank1]:[W1201 23:22:48.794764329 logger.cpp:329] ") and DeepSpeed's.
 _WARNING_START = re.compile(
     r"(?:/|[A-Za-z]:\\)[^\s:]*\.py:\d+: \w*Warning: "
     r"|(?:\[(?:rank|default)\d+\]:)?\[[WEI]\d{4} \d\d:\d\d:\d\d\.\d+ +\d* *[\w./-]+:\d+\] "
+    r"|\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] \[(?:WARNING|INFO|ERROR)\] \[[\w.]+:\d+:\w+\] "  # DeepSpeed's logger
 )
 
 

@@ -26,15 +26,18 @@ REQUIREMENTS = REQUIREMENTS_NPU.with_name("requirements.txt")
 COMPAT = Path(__file__).with_name("data") / "ascend_compat.json"  # Ascend's torch_npu / torch / CANN table, as read
 
 
-def series_requirements(path: Path | None = None) -> dict[str, SpecifierSet]:
-    """What requirements.txt asks of each package (``{"transformers": <SpecifierSet('<5.0,>=4.40')>}``);
-    empty when the file is not there (an install that is not a checkout)."""
+def _lines(path: Path) -> list[str]:
+    """A requirement file's lines; none when it is not there (an install that is not a checkout)."""
     try:
-        lines = (path or REQUIREMENTS).read_text(encoding="utf-8").splitlines()
+        return path.read_text(encoding="utf-8").splitlines()
     except OSError:
-        return {}
+        return []
+
+
+def series_requirements(path: Path | None = None) -> dict[str, SpecifierSet]:
+    """What requirements.txt asks of each package (``{"transformers": <SpecifierSet('<5.0,>=4.40')>}``)."""
     wanted = {}
-    for line in lines:
+    for line in _lines(path or REQUIREMENTS):
         line = line.split("#", 1)[0].strip()
         if line.startswith("-r "):  # requirements.txt reads requirements-learner.txt first
             wanted.update(series_requirements((path or REQUIREMENTS).parent / line[3:].strip()))
@@ -46,13 +49,8 @@ def series_requirements(path: Path | None = None) -> dict[str, SpecifierSet]:
 
 def quickstart_matrix(path: Path = REQUIREMENTS_NPU) -> dict[str, str]:
     """What the quick-start was validated with, read from requirements-npu.txt (its one copy):
-    the ``name==version`` pins and the ``# quick-start: name version`` lines. Empty when the file
-    is not there (an install that is not a checkout)."""
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError:
-        return {}
-    found = (re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*()$", line) or re.match(r'([\w.-]+)==([^\s;]+)\s*(?:;\s*platform_machine\s*==\s*"(\w+)")?', line) for line in lines)
+    the ``name==version`` pins and the ``# quick-start: name version`` lines."""
+    found = (re.match(r"#\s*quick-start:\s*(\S+)\s+(.+?)\s*()$", line) or re.match(r'([\w.-]+)==([^\s;]+)\s*(?:;\s*platform_machine\s*==\s*"(\w+)")?', line) for line in _lines(path))
     return {m.group(1).lower().replace("-", "_"): m.group(2) for m in found if m and m.group(3) in (None, "", platform.machine())}
 
 
@@ -70,31 +68,25 @@ class Row:
     note: str = ""
 
 
-def accelerate_config_path() -> str | None:
-    """The default config file `accelerate launch` would read, as Accelerate itself computes it.
-
-    Asked of Accelerate in a child process (its config module imports torch): default_config.yaml
-    or default_config.json under HF_HOME/accelerate, whichever Accelerate picks.
-    """
-    code = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"
-    try:
-        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    lines = proc.stdout.strip().splitlines()
-    return lines[-1] if proc.returncode == 0 and lines else None
-
-
 def diagnose(info: DeviceInfo | None = None) -> list[Row]:
     info = info or detect()
     rows = [_python_row(info.versions["python"])]
     rows += [Row("setup", p.what, FAIL if p.blocking else WARN, p.fix) for p in info.problems]
-    rows += _torch_rows(info) + _pairing_rows(info) + [_devices_row(info)] + _package_rows()
-    cfg = accelerate_config_path()
-    if cfg and os.path.exists(cfg):
-        note = "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)"
-        rows.append(Row("accelerate config", cfg, INFO, note))
-    return rows
+    return rows + _torch_rows(info) + _pairing_rows(info) + [_devices_row(info)] + _package_rows() + _config_rows()
+
+
+def _config_rows() -> list[Row]:
+    """The default config file `accelerate launch` would read, where there is one, as Accelerate itself computes it:
+    asked in a child process (its config module imports torch), default_config.yaml or default_config.json under
+    HF_HOME/accelerate, whichever Accelerate picks."""
+    code = "from accelerate.commands.config.config_args import default_config_file as f; print(f)"
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    cfg = (proc.stdout.strip().splitlines() or [""])[-1] if proc.returncode == 0 else ""
+    note = "your `accelerate launch` reads it; the series' launches ignore it (they pass Accelerate's defaults as --config_file)"
+    return [Row("accelerate config", cfg, INFO, note)] if cfg and os.path.exists(cfg) else []
 
 
 def _python_row(version: str) -> Row:
@@ -112,12 +104,12 @@ def _torch_rows(info: DeviceInfo) -> list[Row]:
     torch_v, npu_v = v.get("torch"), v.get("torch_npu")
     if not torch_v:
         rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: python tools/install.py --npu")]
+    elif floors.below(torch_v, floors.TORCH):
+        rows = [Row("torch", torch_v, FAIL, f"below the series' minimum torch {floors.TORCH}: see the setup line")]
     else:
         want = QUICKSTART.get("torch")
         status = WARN if npu_v and want and floors.release(torch_v)[:2] != floors.release(want)[:2] else OK
         rows = [Row("torch", torch_v, status, f"quick-start: {want}" if status != OK else "")]
-        if floors.below(torch_v, floors.TORCH):
-            rows = [Row("torch", torch_v, FAIL, f"below the series' minimum torch {floors.TORCH}: see the setup line")]
     if npu_v and torch_v and floors.release(npu_v)[:2] != floors.release(torch_v)[:2]:
         rows.append(Row("torch_npu", npu_v, FAIL, f"torch_npu {npu_v} does not match torch {torch_v}: install the pair from the "
                         "torch / torch_npu / CANN compatibility matrix (https://gitcode.com/Ascend/pytorch)"))
@@ -169,16 +161,16 @@ def _pairing_rows(info: DeviceInfo) -> list[Row]:
 def _devices_row(info: DeviceInfo) -> Row:
     if info.kind == "cpu":
         return Row("devices", "CPU only", INFO, "multi-process checks use the CPU gloo stand-in; NPU/CUDA paths are not checked here")
-    if info.kind == "npu" and not info.bf16:
-        return Row("devices", info.label, WARN, "this NPU (310P) has no bf16: run bf16 lessons with mixed_precision='no' or 'fp16'")
+    if info.kind == "npu" and not info.bf16:  # the device's own answer (the probe's torch.npu.is_bf16_supported())
+        return Row("devices", info.label, WARN, "this NPU has no bf16 (torch.npu.is_bf16_supported() is False): run bf16 "
+                   "lessons with mixed_precision='no' or 'fp16'")
     if info.count >= 2:
         return Row("devices", info.label, OK)
     return Row("devices", info.label, WARN, "the 2-process checks need 2 devices; with 1 they fall back to the CPU (gloo)")
 
 
 def _package_rows() -> list[Row]:
-    rows = []
-    wanted = series_requirements()
+    rows, wanted = [], series_requirements()
     for pkg in ("accelerate", "transformers", "peft", "papermill", "nbclient", "ipykernel"):
         ver, spec = installed(pkg), wanted.get(pkg, SpecifierSet())
         if not ver:

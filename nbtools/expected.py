@@ -27,11 +27,6 @@ _KV_LINE = re.compile(rf"^\s*{_KEY}=.*$")
 _COLON_LINE = re.compile(rf"^\s*({_KEY}):\s+(\S.*?)\s*$")  # `is_available: True` (one pair a line)
 
 
-def _line_regex(expected_line: str) -> re.Pattern:
-    parts = expected_line.rstrip().split(IN_LINE)
-    return re.compile(".*".join(re.escape(p) for p in parts) + r"\s*")
-
-
 def _lines(text: str) -> list[str]:
     return [ln.rstrip() for ln in text.strip("\n").splitlines() if ln.strip()]  # blank lines are ignored
 
@@ -70,28 +65,19 @@ class Match:
 def match(expected: str, actual: str) -> Match:
     """Does ``actual`` match the ``expected`` block (the quick-start's rules)? Returns a truthy/falsy Match."""
     exp, act = _lines(expected), _lines(actual)
-    rx = [None if ln.strip() == ANY_LINES else _line_regex(ln) for ln in exp]
-    n, m = len(exp), len(act)
-    # reach[i][j]: exp[:i] matches act[:j]  (forward, so a failure can say how far it got)
-    reach = [[False] * (m + 1) for _ in range(n + 1)]
-    reach[0][0] = True
-    for i in range(n):
-        for j in range(m + 1):
-            if not reach[i][j]:
-                continue
-            if rx[i] is None:  # '...' swallows act[j:k] for any k >= j
-                for k in range(j, m + 1):
-                    reach[i + 1][k] = True
-                break
-            if j < m and rx[i].fullmatch(act[j]):
-                reach[i + 1][j + 1] = True
-    if reach[n][m]:
-        return Match(True, exp, act, n, m)
-    exp_at = max(i for i in range(n + 1) if any(reach[i]))
-    act_at = min(j for j in range(m + 1) if reach[exp_at][j])
-    if exp_at == n:  # all expected lines matched, output has more
-        act_at = max(j for j in range(m + 1) if reach[n][j])
-    return Match(False, exp, act, exp_at, act_at)
+    # reach[i]: the j where exp[:i] matches act[:j] (forward, so a failure can say how far it got)
+    reach = [{0}]
+    for line in exp:
+        if line.strip() == ANY_LINES:  # '...' swallows act[j:k] for any k >= j
+            reach.append(set(range(min(reach[-1]), len(act) + 1)) if reach[-1] else set())
+        else:  # xxx matches any text within the line
+            rx = re.compile(".*".join(re.escape(p) for p in line.split(IN_LINE)) + r"\s*")
+            reach.append({j + 1 for j in reach[-1] if j < len(act) and rx.fullmatch(act[j])})
+    if len(act) in reach[-1]:
+        return Match(True, exp, act, len(exp), len(act))
+    exp_at = max(i for i, js in enumerate(reach) if js)
+    # all expected lines matched and the output has more: where it goes on; else where the next line was missed
+    return Match(False, exp, act, exp_at, max(reach[-1]) if exp_at == len(exp) else min(reach[exp_at]))
 
 
 def assert_matches(expected: str, actual: str, what: str | None = None) -> None:

@@ -33,8 +33,7 @@ def release(version):
 def below(found, minimum):
     """Is ``found`` an older release than ``minimum`` ('2.9' equals '2.9.0')? False when ``found`` is unknown."""
     a, b = release(found), release(minimum)
-    n = max(len(a), len(b))
-    return bool(a) and a + (0,) * (n - len(a)) < b + (0,) * (n - len(b))
+    return bool(a) and a + (0,) * len(b) < b + (0,) * len(a)  # both padded with zeros to one length
 
 
 def shortfall(versions):

@@ -130,13 +130,8 @@ def _watch(child: subprocess.Popen) -> tuple[str, bool]:
 
 
 def _start(argv: list[str]) -> subprocess.Popen:
-    child = subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=1,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group: signals meant for us do not reach it half-way
-    )
+    # start_new_session: its own process group, so that signals meant for us do not reach it half-way
+    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=1, stderr=subprocess.STDOUT, start_new_session=True)
     _keep.add(child.pid)
     # Drop our own copy of the output pipe: the starter sees end-of-file as soon as the
     # command and its descendants are gone, without waiting for our bookkeeping.

@@ -210,10 +210,8 @@ class KernelsAhead:
         km = self._manager()
         args = [*IPYKERNEL_ARGS, f"--IPKernelApp.exec_lines={WARM_UP}"] if warm else IPYKERNEL_ARGS
         with open(self.log_for(path), "wb") as log:  # the kernel process keeps its own copy of the file
-            run_sync(km.start_kernel)(
-                cwd=str(path.parent), env={**os.environ, **self.env, "JPY_SESSION_NAME": str(path)}, stdout=log, stderr=subprocess.STDOUT,
-                extra_arguments=args if km.ipykernel else [],
-            )
+            run_sync(km.start_kernel)(cwd=str(path.parent), env={**os.environ, **self.env, "JPY_SESSION_NAME": str(path)},
+                                      stdout=log, stderr=subprocess.STDOUT, extra_arguments=args if km.ipykernel else [])
         self._started[path] = KernelState(km)
 
     def ahead(self, path: Path) -> None:
@@ -265,10 +263,8 @@ def sourced_env(script: str | Path, base: dict | None = None, timeout: float = 6
     if not script.is_file():
         raise FileNotFoundError(f"no such set_env script: {script}")
     prog = f'env -0; printf "\\0{_SPLIT}\\0"; source "$1" 1>&2; rc=$?; env -0; exit $rc'
-    proc = subprocess.run(
-        ["bash", "-c", prog, "nbtools-kernelspec", str(script)],
-        capture_output=True, text=True, env=base, timeout=timeout,
-    )
+    proc = subprocess.run(["bash", "-c", prog, "nbtools-kernelspec", str(script)], capture_output=True, text=True,
+                          env=base, timeout=timeout)
     if proc.returncode != 0 or _SPLIT not in proc.stdout:
         raise RuntimeError(f"`source {script}` failed in bash (exit {proc.returncode}): {proc.stderr.strip()[-500:]}")
     before, after = proc.stdout.split(f"\0{_SPLIT}\0", 1)

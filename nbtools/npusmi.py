@@ -27,20 +27,10 @@ _BUS_ID = re.compile(r"^[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa
 _PAIR = re.compile(r"(\S+)\s*/\s*(\S+)")
 _VERSION = re.compile(r"npu-smi\s+(\S+)")
 
-# Header names as npu-smi prints them -> the keys of the parsed dicts.
-_KEYS = {
-    "npu": "id",
-    "name": "name",
-    "health": "health",
-    "power(w)": "power_w",
-    "temp(c)": "temp_c",
-    "hugepages-usage(page)": "hugepages",
-    "chip": "chip",
-    "bus-id": "bus_id",
-    "aicore(%)": "aicore_pct",
-    "memory-usage(mb)": "memory_mb",
-    "hbm-usage(mb)": "hbm_mb",
-}
+# Header names as npu-smi prints them -> the keys of the parsed dicts, where _key's rule (lower case, `_` for each run
+# of other characters: Bus-Id -> bus_id, Power(W) -> power_w) does not give them.
+_KEYS = {"npu": "id", "hugepages-usage(page)": "hugepages", "aicore(%)": "aicore_pct", "memory-usage(mb)": "memory_mb",
+         "hbm-usage(mb)": "hbm_mb"}
 _PROC_KEYS = {"process id": "pid", "process name": "name", "process memory(mb)": "memory_mb"}
 
 
@@ -64,21 +54,22 @@ def _tokens(cell: str) -> list[str]:
     return _PAIR.sub(r"\1/\2", cell).split()
 
 
-def _fill(record: dict, names: list[str], cell: str) -> None:
-    """Store the tokens of one cell under the header names of that cell (extra tokens go to the last name)."""
-    toks = _tokens(cell)
-    if len(toks) > len(names) and names:
-        toks = toks[: len(names) - 1] + [" ".join(toks[len(names) - 1:])]
-    for name, tok in zip(names, toks):
-        key = _key(name)
-        if "/" in tok and name.lower().endswith(")") and "usage" in name.lower():
-            used, total = tok.split("/", 1)
-            base = key[: -len("_mb")] if key.endswith("_mb") else key
-            unit = "_mb" if key.endswith("_mb") else ""
-            record[f"{base}_used{unit}"] = _value(used)
-            record[f"{base}_total{unit}"] = _value(total)
-        else:
-            record[key] = _value(tok)
+def _record(header: list[list[str]], cells: list[str]) -> dict:
+    """A row's values under its header's names, cell by cell (a cell's extra tokens go to its last name); a
+    ``used/total`` usage column gives ``<key>_used`` and ``<key>_total`` (``hbm_used_mb``)."""
+    record = {}
+    for names, cell in zip(header, cells):
+        toks = _tokens(cell)
+        if len(toks) > len(names) and names:
+            toks = toks[: len(names) - 1] + [" ".join(toks[len(names) - 1:])]
+        for name, tok in zip(names, toks):
+            key = _key(name)
+            if "/" in tok and name.lower().endswith(")") and "usage" in name.lower():
+                base, unit = (key[: -len("_mb")], "_mb") if key.endswith("_mb") else (key, "")
+                record.update(zip((f"{base}_used{unit}", f"{base}_total{unit}"), map(_value, tok.split("/", 1))))
+            else:
+                record[key] = _value(tok)
+    return record
 
 
 def parse_npu_smi(text: str) -> dict:
@@ -103,13 +94,12 @@ class _Table:
         self.section: str | None = None  # None, "npu" or "proc"
         self.npus: list[dict] = []
         self.processes: list[dict] = []
-        self.current: dict | None = None
+        self.npu: dict | None = None  # the last NPU row's own values
 
     def row(self, cells: list[str]) -> None:
-        joined = " ".join(cells)
         lowered = [c.lower() for c in cells]
-        if self.version is None and self.section is None and _VERSION.search(joined):
-            self.version = _VERSION.search(joined).group(1)
+        if self.version is None and self.section is None and (m := _VERSION.search(" ".join(cells))):
+            self.version = m.group(1)
         elif "health" in lowered:
             self.npu_header, self.section = [c.split() for c in cells], "npu"
         elif self.section == "npu" and self.chip_header is None and "bus-id" in lowered:
@@ -122,19 +112,13 @@ class _Table:
             self.processes.append(self._process(cells))
 
     def _npu_row(self, cells: list[str]) -> None:
-        if len(cells) >= 2 and _BUS_ID.match(cells[1]) and self.current is not None:
-            chip: dict = {}
-            for names, cell in zip(self.chip_header or [], cells):
-                _fill(chip, names, cell)
-            if "chip" in self.current:  # a second chip of the same NPU: a new entry with the NPU's fields
-                self.current = {k: v for k, v in self.current.items() if k in _npu_keys(self.npu_header)}
-                self.npus.append(self.current)
-            self.current.update(chip)
+        if len(cells) >= 2 and _BUS_ID.match(cells[1]) and self.npu is not None:
+            if "chip" in self.npus[-1]:  # a second chip of the same NPU: a new entry with the NPU's fields
+                self.npus.append(dict(self.npu))
+            self.npus[-1].update(_record(self.chip_header or [], cells))
         elif len(cells) >= 2 and cells[0]:
-            self.current = {}
-            for names, cell in zip(self.npu_header, cells):
-                _fill(self.current, names, cell)
-            self.npus.append(self.current)
+            self.npu = _record(self.npu_header, cells)
+            self.npus.append(dict(self.npu))
 
     def _process(self, cells: list[str]) -> dict:
         first = _tokens(cells[0])
@@ -143,10 +127,6 @@ class _Table:
             key = _PROC_KEYS.get(head.lower(), _key(head))
             proc[key] = cell.strip() if key == "name" else _value(cell)
         return proc
-
-
-def _npu_keys(npu_header) -> set[str]:
-    return {_key(name) + suffix for names in npu_header or [] for name in names for suffix in ("", "_used", "_total")}
 
 
 def summary(table: dict) -> str:

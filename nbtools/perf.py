@@ -31,11 +31,9 @@ OOM_FIELDS = {
 }
 
 # Dense (no sparsity) tensor-core peaks in TFLOPS, from NVIDIA's datasheets ("H100 Tensor Core GPU" datasheet,
-# SXM column; "H200 Tensor Core GPU" datasheet): {name prefix: {dtype: peak}}.
-PEAK_TFLOPS = {
-    "NVIDIA H100 80GB HBM3": {"bf16": 989.0, "fp16": 989.0, "no": 67.0},
-    "NVIDIA H200": {"bf16": 989.0, "fp16": 989.0, "no": 67.0},
-}
+# SXM column; "H200 Tensor Core GPU" datasheet, the same figures): {name prefix: {dtype: peak}}.
+_HOPPER = {"bf16": 989.0, "fp16": 989.0, "no": 67.0}
+PEAK_TFLOPS = {"NVIDIA H100 80GB HBM3": _HOPPER, "NVIDIA H200": _HOPPER}
 
 
 def read_oom(message: str) -> dict[str, int]:

@@ -4,7 +4,8 @@
 group, so killing a process group leaves workers running, still holding their devices. Processes are
 therefore found by walking trees (``descendants``, ``remember``) or by the marker variable every
 process of a launch inherits (``marked``), and stopped with one loop: SIGTERM, a grace period, SIGKILL
-(``terminate_then_kill``). It imports only psutil and the standard library: the guardian (guardian.py),
+(``terminate_then_kill``); the runner's ``Stopper`` turns Ctrl-C, SIGTERM and SIGHUP into a stop of the running
+kernel's tree. It imports only psutil and the standard library: the guardian (guardian.py),
 which must start in milliseconds, imports it as a sibling module.
 """
 
@@ -21,6 +22,8 @@ import psutil
 # The one grace period between SIGTERM and SIGKILL for everything nbtools stops (a launch's tree,
 # a run's kernel, leftovers found by `nbtools ps`): torch elastic's agent ends its workers in ~2 s.
 GRACE = 5.0
+STOP_GRACE_S = 4.0  # after a stop signal: time for a runner's interrupted cell to stop its launches
+SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def is_alive(proc: psutil.Process) -> bool:
@@ -229,3 +232,90 @@ def _expired(what: str, seconds: float, stopped: list[int]) -> str:
         "kernel held a lock, waits forever; run the cell again, and if it hangs again restart the kernel "
         "(Kernel > Restart) and run the notebook from the top."
     )
+
+
+class Stopper:
+    """Ctrl-C, SIGTERM and SIGHUP while notebooks run; a context manager around the whole run.
+
+    The first signal interrupts the running kernel (SIGINT to its process group, as JupyterLab's
+    stop button does: the cell's launch stops its processes and the cell fails), lets no further
+    cell start, and gives it STOP_GRACE_S; then the kernel's process group is killed. A second
+    signal kills at once. At the end, whatever the kernel had started and is still alive gets
+    SIGTERM, then SIGKILL (GRACE apart). The run then reports what it did and the CLI exits 128 + signal.
+    """
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.state = None  # the running notebook's kernels.KernelState: its .pid, and .stopping set on a stop
+        self.known: dict[int, object] = {}  # pid -> psutil.Process: the kernel and its descendants
+        self._saved: dict[int, object] = {}
+        self._done = threading.Event()
+        self._lock = threading.RLock()  # the signal handler may run while the main thread holds it
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+    def __enter__(self) -> Stopper:
+        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set from there
+            self._saved = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive, saying so."""
+        self._done.set()
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        if self.signum is not None and (left := [p for p in self.known.values() if is_alive(p)]):
+            terminate_then_kill(left)
+            self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {[p.pid for p in left]}")
+
+    def _say(self, text: str) -> None:
+        with contextlib.suppress(OSError, ValueError):  # SIGHUP: the terminal may be gone
+            print(text)
+
+    def _on_signal(self, signum, frame) -> None:
+        if self.signum is not None:
+            self._say(f"nbtools run: {signal.Signals(signum).name} again: killing the kernel now")
+            self._signal_kernel(signal.SIGKILL)
+            return
+        self.signum = signum
+        self._say(f"\nnbtools run: {self.name} received: stopping the running notebook (its launches stop with it), "
+                  "then writing the report")
+        if (state := self.state) is not None:
+            state.stopping = True
+        self._signal_kernel(signal.SIGINT)  # notes the kernel's tree first
+        threading.Thread(target=self._watch, daemon=True, name="nbtools-stop").start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + STOP_GRACE_S
+        while not self._done.wait(0.2):
+            self._remember()
+            if time.monotonic() > deadline and self.state is not None:
+                self._say(f"nbtools run: the kernel did not stop within {STOP_GRACE_S:.0f} s: killing it")
+                self._signal_kernel(signal.SIGKILL)
+                deadline = float("inf")
+
+    def _remember(self) -> int | None:
+        """Note the kernel and its descendants now: once the kernel is gone they cannot be found from it. Its pid."""
+        pid = self.state.pid if self.state is not None else None
+        if pid is not None:
+            with self._lock:
+                remember(pid, self.known)
+        return pid
+
+    def _signal_kernel(self, sig: int) -> None:
+        if (pid := self._remember()) is not None:  # noted first: a kernel killed takes its tree's links with it
+            signal_group(pid, sig)  # the kernel runs in its own session
+
+    @contextlib.contextmanager
+    def watching(self, state):
+        """While the block runs, a stop signal is for ``state``'s kernel."""
+        self.state = state
+        if self.signum is not None:
+            state.stopping = True
+        try:
+            yield state
+        finally:
+            self._remember()
+            self.state = None

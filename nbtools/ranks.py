@@ -19,11 +19,6 @@ from .lang import msg
 _KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
 
 
-def strip_rank_prefix(text: str) -> str:
-    """``text`` with the ``[rankN]:`` / ``[defaultN]:`` prefix removed from every line."""
-    return "\n".join(RANK_PREFIX.sub("", line) for line in text.splitlines())
-
-
 def block_keys(block: str) -> list[str]:
     """The keys an expected block's lines start with (``world=2`` -> ``world``), in order, once each."""
     return list(dict.fromkeys(m.group(1) for line in block.splitlines() if (m := _KEY.match(line))))
@@ -32,7 +27,7 @@ def block_keys(block: str) -> list[str]:
 def keyed_lines(output: str, keys) -> str:
     """The lines of ``output`` that start with ``key=`` for one of ``keys``, prefixes removed, in order."""
     wanted = tuple(f"{k}=" for k in keys)
-    lines = (line.strip() for line in strip_rank_prefix(output).splitlines())
+    lines = (RANK_PREFIX.sub("", line).strip() for line in output.splitlines())
     return "\n".join(line for line in lines if line.startswith(wanted))
 
 
@@ -77,10 +72,9 @@ def draw_collectives(chunks: list[list], title: str = ""):
     if not chunks or any(len(c) != len(chunks[0]) for c in chunks):
         raise ValueError(f"expected one equally long list per rank, got {chunks!r}")
     world, length = len(chunks), len(chunks[0])
-    gathered = [v for c in chunks for v in c]
-    reduced = [sum(col) for col in zip(*chunks)]
     color = [RANK_COLORS[k % len(RANK_COLORS)] for k in range(world)]  # rank k's numbers keep rank k's colour
-    panels = (("all-gather: gather / gather_for_metrics", gathered, True), ("all-reduce (sum): reduce", reduced, False))
+    panels = (("all-gather: gather / gather_for_metrics", [v for c in chunks for v in c], True),
+              ("all-reduce (sum): reduce", [sum(col) for col in zip(*chunks)], False))
     widths = [length + 2 + len(out) for _, out, _ in panels]
     fig, axes = plt.subplots(1, 2, figsize=(0.4 * sum(widths) + 2.2, 0.55 * world + 1.3), width_ratios=widths)
     for ax, (head, out, by_rank) in zip(axes, panels):
@@ -106,11 +100,8 @@ def draw_collectives(chunks: list[list], title: str = ""):
 def _rank_rows(ax, world: int, right: float, top: float) -> None:
     """One row per rank (``rank 0`` at the top), no x ticks, no frame."""
     ax.set_yticks([-k for k in range(world)], [f"rank {k}" for k in range(world)])
-    ax.set_xticks([])
-    ax.set_xlim(-0.3, right)
-    ax.set_ylim(-world + 0.3, top)
-    for spine in ax.spines.values():
-        spine.set_visible(False)
+    ax.set(xticks=[], xlim=(-0.3, right), ylim=(-world + 0.3, top))
+    ax.spines[:].set_visible(False)
 
 
 def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
@@ -121,25 +112,20 @@ def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
     import matplotlib.pyplot as plt
     from matplotlib.patches import Patch
 
-    marks = padding_marks(steps, n)
-    world = len(steps)
     n_steps = max((len(s) for s in steps), default=0)
     width = max((len(b) for s in steps for b in s), default=1)
     units = n_steps * (width + 1)
-    fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * units + 1.5), 0.6 * world + 1.7))
-    for k, (rank_steps, rank_marks) in enumerate(zip(steps, marks)):
+    fig, ax = plt.subplots(figsize=(max(5.5, 0.5 * units + 1.5), 0.6 * len(steps) + 1.7))
+    for k, (rank_steps, rank_marks) in enumerate(zip(steps, padding_marks(steps, n))):
         for s, (batch, pads) in enumerate(zip(rank_steps, rank_marks)):
-            x0 = s * (width + 1)
             for j, (index, pad) in enumerate(zip(batch, pads)):
-                _cells(ax, x0 + j, -k, [index], PADDING if pad else REAL, "//" if pad else None)
+                _cells(ax, s * (width + 1) + j, -k, [index], PADDING if pad else REAL, "//" if pad else None)
     for s in range(n_steps):
         ax.text(s * (width + 1) + width / 2, 0.6, f"step {s}", ha="center", va="bottom", fontsize=9)
-    _rank_rows(ax, world, units, 1.2)
+    _rank_rows(ax, len(steps), units, 1.2)
     ax.set_aspect("equal")
-    legend = [
-        Patch(facecolor=REAL, edgecolor=EDGE, label="sample that counts"),
-        Patch(facecolor=PADDING, edgecolor=EDGE, hatch="//", label="padding: gather_for_metrics drops it"),
-    ]
+    legend = [Patch(facecolor=REAL, edgecolor=EDGE, label="sample that counts"),
+              Patch(facecolor=PADDING, edgecolor=EDGE, hatch="//", label="padding: gather_for_metrics drops it")]
     ax.legend(handles=legend, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=2, fontsize=8, frameon=False)
     if title:
         ax.set_title(title, fontsize=10)
@@ -149,13 +135,10 @@ def draw_rank_step_grid(steps: list[list[list[int]]], n: int, title: str = ""):
 
 def padding_marks(steps: list[list[list[int]]], n: int) -> list[list[list[bool]]]:
     """Same shape as ``steps``: True where the sample sits at position >= ``n`` in the gathered order."""
-    n_steps = max((len(rank_steps) for rank_steps in steps), default=0)
-    marks = [[[False] * len(batch) for batch in rank_steps] for rank_steps in steps]
-    position = 0
-    for s in range(n_steps):
-        for rank, rank_steps in enumerate(steps):
-            if s < len(rank_steps):
-                for j in range(len(rank_steps[s])):
-                    marks[rank][s][j] = position >= n
-                    position += 1
+    marks, position = [[[] for _ in rank_steps] for rank_steps in steps], 0
+    for s in range(max((len(rank_steps) for rank_steps in steps), default=0)):
+        for rank_steps, rank_marks in zip(steps, marks):
+            if s < len(rank_steps):  # rank by rank within a step: the order gather puts them in
+                rank_marks[s] = [position + j >= n for j in range(len(rank_steps[s]))]
+                position += len(rank_steps[s])
     return marks

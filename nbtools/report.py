@@ -28,10 +28,10 @@ from xml.etree import ElementTree as ET
 import jinja2
 import nbformat
 
-from .checks import Status, check_ids
+from .checks import Status, check_ids, strip_ansi
 from .commands import shell_line
 from .device import device_line
-from .run_results import RunReport, status_counts, strip_ansi
+from .run_results import RunReport, status_counts
 from .versions import installed
 
 # Characters XML 1.0 does not allow, even escaped: C0 controls but tab/LF/CR, surrogates, U+FFFE/U+FFFF.
@@ -59,7 +59,7 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
     report.json's path."""
     rows = [(c.status, c.id, c.notebook, c.reason) for c in report.checks]
     rows = sorted(rows, key=lambda r: not Status(r[0]).ok) + [
-        (n.status, "(notebook)", n.path, n.error) for n in report.notebooks if n.status != Status.PASSED]
+        (n.status, "(notebook)", n.path, n.error) for n in report.notebooks if not Status(n.status).ok]
     width = max([5] + [len(r[1]) for r in rows])
     lines = [f"{'status':<8}  {'check':<{width}}  notebook: reason"]
     lines += [f"{s:<8}  {i:<{width}}  {nb or '-'}: {' / '.join(str(why).splitlines())}" for s, i, nb, why in rows]
@@ -71,13 +71,8 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
 
 def to_dict(report: RunReport) -> dict:
     counts = status_counts(report)
-    return {**asdict(report), "summary": {
-        "ok": report.ok,
-        "checks": counts["checks"],
-        "notebooks": len(report.notebooks),
-        "notebook_statuses": counts["notebooks"],
-        "junit": counts["junit"],
-    }}
+    return {**asdict(report), "summary": {"ok": report.ok, "checks": counts["checks"], "notebooks": len(report.notebooks),
+                                          "notebook_statuses": counts["notebooks"], "junit": counts["junit"]}}
 
 
 def xml_text(text) -> str:
@@ -92,14 +87,9 @@ def _cell(text) -> str:
 
 
 # templates/index.html.j2 and templates/report.md.j2; only the HTML one is autoescaped.
-TEMPLATES = jinja2.Environment(
-    loader=jinja2.PackageLoader("nbtools", "templates"),
-    autoescape=jinja2.select_autoescape(["html.j2"]),
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    finalize=lambda value: "" if value is None else value,  # a missing value shows as nothing, not 'None'
-)
+TEMPLATES = jinja2.Environment(  # finalize: a missing value shows as nothing, not 'None'
+    loader=jinja2.PackageLoader("nbtools", "templates"), autoescape=jinja2.select_autoescape(["html.j2"]),
+    trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, finalize=lambda v: "" if v is None else v)
 TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/": quote(str(text), safe=safe))
 
 
@@ -111,16 +101,9 @@ def parameters_line(parameters: dict) -> str:
 def context(report: RunReport) -> dict:
     """What both report templates read: the report, its device and the lines made from them."""
     dev, counts = report.device, status_counts(report)
-    return {
-        "report": report,
-        "dev": dev,
-        "device": device_line(dev),
-        "versions": ", ".join(f"{k} {v}" for k, v in (dev.get("versions") or {}).items() if v),
-        "parameters": parameters_line(report.parameters),
-        "counts": counts,
-        "summary": summary_line(report, counts),
-        "statuses": list(Status),
-    }
+    return {"report": report, "dev": dev, "device": device_line(dev), "counts": counts, "statuses": list(Status),
+            "versions": ", ".join(f"{k} {v}" for k, v in (dev.get("versions") or {}).items() if v),
+            "parameters": parameters_line(report.parameters), "summary": summary_line(report, counts)}
 
 
 def write_junit(report: RunReport, path: Path) -> None:
@@ -130,7 +113,7 @@ def write_junit(report: RunReport, path: Path) -> None:
     ET.SubElement(props, "property", name="device", value=xml_text(device_line(report.device)))
     for n in report.notebooks:
         case = ET.SubElement(suite, "testcase", classname=f"{sim}notebooks", name=xml_text(n.path), time=f"{n.duration_s:.2f}")
-        if n.status != Status.PASSED:
+        if not Status(n.status).ok:  # the rule of run_results.failures
             ET.SubElement(case, "failure", message=xml_text(n.error or n.status)).text = xml_text(n.error or n.status)
     for c in report.checks:
         case = ET.SubElement(suite, "testcase", classname=f"{sim}checks.{c.notebook or 'unclaimed'}", name=xml_text(c.id))
@@ -193,11 +176,8 @@ def offline_exporter():
     from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(
-        template_name="lab",
-        template_file=OFFLINE_TEMPLATE_NAME,
-        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})],
-    )
+    return HTMLExporter(template_name="lab", template_file=OFFLINE_TEMPLATE_NAME,
+                        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})])
 
 
 def check_anchors(nb) -> dict[str, str]:
@@ -213,9 +193,7 @@ def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str
     what could not be rendered). A rendering problem never fails the run: the index then
     links the .ipynb instead and says why.
     """
-    pages: dict[str, str] = {}
-    anchors: dict[str, dict] = {}
-    notes: list[str] = []
+    pages, anchors, notes = {}, {}, []
     executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
     if not executed:
         return pages, anchors, notes
@@ -238,12 +216,8 @@ def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str
     return pages, anchors, notes
 
 
-def render_index(
-    report: RunReport,
-    pages: dict[str, str] | None = None,
-    anchors: dict[str, dict] | None = None,
-    notes: list[str] | None = None,
-) -> str:
+def render_index(report: RunReport, pages: dict[str, str] | None = None, anchors: dict[str, dict] | None = None,
+                 notes: list[str] | None = None) -> str:
     """The index page (templates/index.html.j2). ``pages``: notebook path -> rendered page; ``anchors``: check
     cells in them; ``notes``: what could not be rendered."""
     template = TEMPLATES.get_template("index.html.j2")

@@ -1,15 +1,15 @@
 """The data model of a run: what `python -m nbtools run` found (RunReport, each notebook's NotebookResult with its
-Failure, each check's CheckResult) and the one count of their statuses. runner.py fills it, report.py writes it
-out; keeping it apart keeps the house acyclic: the reports never import the runner.
+Failure, each check's CheckResult, which checks.py judges), what fails a run (``failures``) and the one count of their
+statuses. runner.py fills it, report.py writes it out; keeping it apart keeps the house acyclic: the reports never
+import the runner.
 """
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .checks import Status
+from .checks import CheckResult, Status, strip_ansi
 
 DEFAULT_KERNEL = "python3"
 
@@ -57,15 +57,6 @@ class NotebookResult:
 
 
 @dataclass
-class CheckResult:
-    id: str
-    status: Status  # passed / failed / skipped / missing
-    notebook: str = ""
-    reason: str = ""
-    seed: bool = False
-
-
-@dataclass
 class RunReport:
     device: dict
     notebooks: list[NotebookResult] = field(default_factory=list)
@@ -83,34 +74,24 @@ class RunReport:
 
     @property
     def ok(self) -> bool:
-        return (
-            not self.stopped_by
-            and all(n.status == Status.PASSED for n in self.notebooks)
-            and all(Status(c.status).ok for c in self.checks)
-        )
-
-
-_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
-
-
-def strip_ansi(text: str) -> str:
-    """``text`` without terminal escape sequences (colours, cursor moves, OSC titles)."""
-    return _ANSI.sub("", text)
-
-
+        return not self.stopped_by and not failures(self)
 
 
 def status_counts(report: RunReport) -> dict:
     """{"checks": {status: n}, "notebooks": {status: n}, "junit": {tests, failures, skipped}}: the one count."""
     checks, notebooks = Counter(c.status for c in report.checks), Counter(n.status for n in report.notebooks)
-    failures = sum(v for k, v in notebooks.items() if k != Status.PASSED) + sum(
-        v for k, v in checks.items() if not Status(k).ok)
     return {
         "checks": dict(sorted(checks.items())),
         "notebooks": dict(sorted(notebooks.items())),
         "junit": {
             "tests": len(report.notebooks) + len(report.checks),
-            "failures": failures,
+            "failures": len(failures(report)),
             Status.SKIPPED: checks.get(Status.SKIPPED, 0),
         },
     }
+
+
+def failures(report: RunReport) -> list:
+    """The notebooks and checks that fail the run: every one whose status is not ok (``Status.ok``; a notebook is
+    never skipped, so it fails unless it passed)."""
+    return [r for r in [*report.notebooks, *report.checks] if not Status(r.status).ok]

@@ -25,11 +25,9 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -38,20 +36,18 @@ from string import Template
 
 import nbformat
 
-from .checks import SEED_CHECKS, Here, Status, check_ids, verdict_in
+from .checks import SEED_CHECKS, CheckResult, Here, Status, check_ids, judge_checks, unexecuted_cells, verdict
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
-from .kernels import KernelsAhead, KernelState, ipc_dir
+from .kernels import KernelsAhead, ipc_dir
 from .lang import msg, of_metadata
 from .params import convert_parameters, parameter_defaults
-from .proctree import is_alive, remember, signal_group, terminate_then_kill
-from .run_results import DEFAULT_KERNEL, CheckResult, Failure, NotebookResult, RunReport, strip_ansi
+from .proctree import Stopper
+from .run_results import DEFAULT_KERNEL, Failure, NotebookResult, RunReport
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
 KERNEL_LOG = "{stem}.kernel.log"  # in the output dir: the kernel process' own stdout/stderr
-STOP_GRACE_S = 4.0  # after a stop signal: time for the interrupted cell to stop its launches
-SIGNALS = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
 
 def default_notebooks_dir() -> Path:
@@ -75,32 +71,6 @@ def discover(paths: list[str] | None = None) -> list[Path]:
     return [p.resolve() for p in found]
 
 
-def _cell_verdict(cell, check_id: str, full: bool = False, lang: str | None = None) -> tuple[Status, str]:
-    """(status, reason) of one check cell; a failure's reason is its error's first line, or all of it (``full``)."""
-    outputs = cell.get("outputs", [])
-    e = next((o for o in outputs if o.get("output_type") == "error"), None)
-    if e is not None:
-        value = strip_ansi(str(e.get("evalue", ""))).strip()
-        value = value if full else (value.splitlines() or [""])[0]
-        return Status.FAILED, f"{e.get('ename', 'Error')}: {value}".strip()
-    if cell.get("execution_count") is None and not outputs:
-        return Status.FAILED, msg("runner.not_reached", lang)
-    return verdict_in(outputs, check_id) or (Status.FAILED, msg("runner.no_verdict", lang, check_id=check_id))
-
-
-def judge_checks(nb, notebook_name: str, full: bool = False, here: Here | None = None) -> list[CheckResult]:
-    """Every check cell's verdict (``full``: a failure's whole error, not only its first line), held to what its
-    ``needs:`` tags expect ``here`` when given; its reasons in the notebook's language."""
-    out, lang = [], of_metadata(nb.metadata)
-    for cell in nb.cells:
-        tags = cell.get("metadata", {}).get("tags")
-        for cid in check_ids(tags):
-            status, reason = _cell_verdict(cell, cid, full, lang)
-            status, reason = here.pinned(tags, status, reason, lang) if here else (status, reason)
-            out.append(CheckResult(cid, status, notebook_name, reason, cid in SEED_CHECKS))
-    return out
-
-
 def here_for(info: DeviceInfo, params: dict, defaults: dict, *, deepspeed: bool, network: bool) -> Here:
     """What a notebook run with ``params`` (its ``defaults`` otherwise) may do on ``info``'s machine."""
     kind = "cpu" if params.get("device", defaults.get("device")) == "cpu" else info.kind
@@ -113,14 +83,6 @@ def finds(python: str, module: str, env: dict | None = None) -> bool:
     """Does interpreter ``python`` find ``module`` (importlib's find_spec, nothing imported)?"""
     code = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
     return subprocess.run([python, "-c", code], env=env, capture_output=True, timeout=120).returncode == 0
-
-
-def unexecuted_cells(nb) -> list[int]:
-    return [
-        i
-        for i, c in enumerate(nb.cells)
-        if c.cell_type == "code" and c.source.strip() and c.get("execution_count") is None
-    ]
 
 
 # --- the kernel: its interpreter, its environment, its log, and how it is stopped ----------
@@ -140,10 +102,8 @@ def kernel_python(name: str) -> tuple[str, dict]:
         spec = ksm.get_kernel_spec(name)
     except NoSuchKernel:
         names = sorted(ksm.find_kernel_specs())
-        raise ParameterError(
-            f"--kernel {name!r}: no such Jupyter kernel; installed (`jupyter kernelspec list`): "
-            + (", ".join(names) or "none")
-        ) from None
+        raise ParameterError(f"--kernel {name!r}: no such Jupyter kernel; installed (`jupyter kernelspec list`): "
+                             + (", ".join(names) or "none")) from None
     exe = spec.argv[0] if spec.argv else sys.executable
     # jupyter_client itself starts 'python'/'python3' kernels with its own interpreter
     if exe in {"python", f"python{sys.version_info[0]}", "python{}.{}".format(*sys.version_info[:2])}:
@@ -161,104 +121,6 @@ def detect_for_kernel(name: str = DEFAULT_KERNEL) -> DeviceInfo:
         return detect()
     kernel_env = {**os.environ, **env}
     return from_probe(run_probe(python=exe, env=kernel_env), environ=kernel_env)
-
-
-class _Stopper:
-    """Ctrl-C, SIGTERM and SIGHUP while notebooks run; a context manager around the whole run.
-
-    The first signal interrupts the running kernel (SIGINT to its process group, as JupyterLab's
-    stop button does: the cell's launch stops its processes and the cell fails), lets no further
-    cell start, and gives it STOP_GRACE_S; then the kernel's process group is killed. A second
-    signal kills at once. At the end, whatever the kernel had started and is still alive gets
-    SIGTERM, then SIGKILL (proctree.GRACE apart). The run then reports what it did and the CLI
-    exits 128 + signal. Every signal goes through nbtools.proctree.
-    """
-
-    def __init__(self, grace: float = STOP_GRACE_S):
-        self.grace = grace
-        self.signum: int | None = None
-        self.state: KernelState | None = None
-        self.known: dict[int, object] = {}  # pid -> psutil.Process: the kernel and its descendants
-        self._saved: dict[int, object] = {}
-        self._done = threading.Event()
-        self._lock = threading.RLock()  # the signal handler may run while the main thread holds it
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
-
-    def __enter__(self) -> _Stopper:
-        if threading.current_thread() is threading.main_thread():  # signal handlers can only be set from there
-            self._saved = {sig: signal.signal(sig, self._on_signal) for sig in SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if left := self.finish():
-            self._say(f"nbtools run: stopped {len(left)} process(es) the kernel had left: {left}")
-
-    def _say(self, text: str) -> None:
-        with contextlib.suppress(OSError, ValueError):  # SIGHUP: the terminal may be gone
-            print(text)
-
-    def _on_signal(self, signum, frame) -> None:
-        if self.signum is not None:
-            self._say(f"nbtools run: {signal.Signals(signum).name} again: killing the kernel now")
-            self._signal_kernel(signal.SIGKILL)
-            return
-        self.signum = signum
-        self._say(
-            f"\nnbtools run: {self.name} received: stopping the running notebook (its launches stop with it), "
-            "then writing the report"
-        )
-        state = self.state
-        if state is not None:
-            state.stopping = True
-        self._signal_kernel(signal.SIGINT)  # notes the kernel's tree first
-        threading.Thread(target=self._watch, daemon=True, name="nbtools-stop").start()
-
-    def _watch(self) -> None:
-        deadline = time.monotonic() + self.grace
-        while not self._done.wait(0.2):
-            self._remember()
-            if time.monotonic() > deadline and self.state is not None:
-                self._say(f"nbtools run: the kernel did not stop within {self.grace:.0f} s: killing it")
-                self._signal_kernel(signal.SIGKILL)
-                deadline = float("inf")
-
-    def _remember(self) -> int | None:
-        """Note the kernel and its descendants now: once the kernel is gone they cannot be found from it. Its pid."""
-        pid = self.state.pid if self.state is not None else None
-        if pid is not None:
-            with self._lock:
-                remember(pid, self.known)
-        return pid
-
-    def _signal_kernel(self, sig: int) -> None:
-        if (pid := self._remember()) is not None:  # noted first: a kernel killed takes its tree's links with it
-            signal_group(pid, sig)  # the kernel runs in its own session
-
-    @contextmanager
-    def watching(self, state: KernelState):
-        """While the block runs, a stop signal is for ``state``'s kernel."""
-        self.state = state
-        if self.signum is not None:
-            state.stopping = True
-        try:
-            yield state
-        finally:
-            self._remember()
-            self.state = None
-
-    def finish(self) -> list[int]:
-        """Stop watching; SIGTERM then SIGKILL whatever the stopped kernel left alive. Returns those pids."""
-        self._done.set()
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)
-        if self.signum is None:
-            return []
-        alive = [p for p in self.known.values() if is_alive(p)]
-        terminate_then_kill(alive)
-        return [p.pid for p in alive]
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -281,9 +143,7 @@ class _Notebooks:
         declared = {p: parameter_defaults(p) for p in notebooks}
         if unknown := [k for k in parameters if not any(k in d for d in declared.values())]:
             names = sorted({k for d in declared.values() for k in d})
-            raise ParameterError(
-                f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}"
-            )
+            raise ParameterError(f"parameter(s) {', '.join(unknown)} not declared by any notebook; declared: {', '.join(names)}")
         converted = {p: convert_parameters(parameters, declared[p], p.name) for p in notebooks}
         return cls(notebooks, parameters, sources, declared, converted)
 
@@ -320,7 +180,7 @@ class _Run:
     output_dir: Path
     run_root: Path
     kernels: KernelsAhead
-    stopper: _Stopper
+    stopper: Stopper
     timeout: float | None
     needs: dict  # deepspeed / network: what here_for takes besides the probe
     stop: tuple = ()  # why the notebooks left are not run: a catalogue key and its values
@@ -350,10 +210,9 @@ class _Run:
             failure.check_id = next(iter(check_ids(cell.get("metadata", {}).get("tags"))), "")
         error = self.explain(failure, executed)
         status = Status.FAILED if error else Status.PASSED
-        self.report.notebooks.append(
-            NotebookResult(path.name, status, round(duration, 2), error, out_path.name if out_path.exists() else "",
-                           self.kernels.log_for(path).name, nb_params, failure)
-        )
+        output = out_path.name if out_path.exists() else ""
+        self.report.notebooks.append(NotebookResult(path.name, status, round(duration, 2), error, output,
+                                                    self.kernels.log_for(path).name, nb_params, failure))
         here = here_for(self.info, self.selected.converted[path], self.selected.declared[path], **self.needs)
         self.report.checks.extend(judge_checks(executed, path.name, here=here))  # each verdict held to its needs
         print(f"{where}: {status} ({duration:.1f} s){': ' + error if error else ''}")
@@ -364,10 +223,7 @@ class _Run:
     def not_run(self, path: Path) -> None:
         rel, reason = path.name, self.stop_reason(path)
         self.report.notebooks.append(NotebookResult(rel, Status.NOT_RUN, error=reason))
-        self.report.checks.extend(
-            CheckResult(c.id, Status.FAILED, rel, reason, c.seed)
-            for c in judge_checks(self.selected.sources[path], rel)
-        )
+        self.report.checks.extend(judge_checks(self.selected.sources[path], rel, not_run=reason))
 
     def execute(self, path: Path, nb_params: dict, nxt: Path | None) -> Failure | None:
         """Run ``path`` with papermill in its kernel (started ahead, shut down at the end); start
@@ -378,18 +234,10 @@ class _Run:
             with self.kernels.running(path) as state, self.stopper.watching(state):
                 if nxt is not None and not self.stopper.signum:
                     self.kernels.ahead(nxt)  # the next notebook's kernel boots while this one runs
-                pm.execute_notebook(
-                    str(path),
-                    str(self.output_dir / path.name),
-                    parameters=nb_params,
-                    kernel_name=self.kernels.kernel,
-                    cwd=str(path.parent),
-                    execution_timeout=self.timeout,
-                    progress_bar=False,
-                    km=state.km,  # passed on to nbclient, which leaves it running: `running` shuts it down
-                    on_cell_execute=state.on_cell_execute,
-                    on_cell_executed=state.on_cell_executed,
-                )
+                pm.execute_notebook(  # km: passed on to nbclient, which leaves it running: `running` shuts it down
+                    str(path), str(self.output_dir / path.name), parameters=nb_params, kernel_name=self.kernels.kernel,
+                    cwd=str(path.parent), execution_timeout=self.timeout, progress_bar=False, km=state.km,
+                    on_cell_execute=state.on_cell_execute, on_cell_executed=state.on_cell_executed)
         except Exception as exc:  # papermill raises PapermillExecutionError, timeouts, dead kernels
             return Failure.of(exc)
         except KeyboardInterrupt:  # a signal before our handlers, or a cell refused after a stop
@@ -407,16 +255,8 @@ class _Run:
         return error
 
 
-def run_notebooks(
-    notebooks: list[Path],
-    output_dir: Path,
-    parameters: dict | None = None,
-    *,
-    kernel: str = DEFAULT_KERNEL,
-    timeout: float | None = 1800,
-    keep_work: bool = False,
-    info: DeviceInfo | None = None,
-) -> RunReport:
+def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | None = None, *, kernel: str = DEFAULT_KERNEL,
+                  timeout: float | None = 1800, keep_work: bool = False, info: DeviceInfo | None = None) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
@@ -432,14 +272,12 @@ def run_notebooks(
              "network": os.environ.get("NBTOOLS_NETWORK") == "1"}
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
-    report = RunReport(
-        device={**info.to_dict(), **needs}, parameters=selected.parameters,  # needs: what the pin weighed besides
-        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel,
-    )
+    report = RunReport(device={**info.to_dict(), **needs}, parameters=selected.parameters,  # needs: what the pin weighed
+                       started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel)
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs
         run_root = stack.enter_context(_work_root(keep_work))
-        stopper = stack.enter_context(_Stopper())
+        stopper = stack.enter_context(Stopper())
         # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
         kernel_env = {CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")}
         kernels = stack.enter_context(
@@ -450,15 +288,15 @@ def run_notebooks(
             run.notebook(i, path)
     report.stopped_by = stopper.name
     report.duration_s = round(time.monotonic() - t0, 2)
-    _add_unclaimed(report, notebooks)
+    _add_unclaimed(report, selected.sources)
     return report
 
 
-def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
-    """Every seed id gets an entry: not in this run's notebooks -> skipped (not selected) or missing."""
-    have = {c.id for c in report.checks}
+def _add_unclaimed(report: RunReport, run: dict) -> None:
+    """Every seed id gets an entry: not in this run's notebooks (``run``: path -> the notebook as read) -> skipped
+    (not selected) or missing."""
+    have, notebooks = {c.id for c in report.checks}, list(run)
     others: dict[str, str] = {}
-    run = {p: nbformat.read(p, as_version=4) for p in notebooks}  # an unreadable notebook is an error, not "missing"
     lang = of_metadata(next(iter(run.values())).metadata) if run else None
     # an English notebook's series is notebooks/en/ and, where not yet translated, its Chinese twins' folder
     folders = {p.parent for p in notebooks} | {p.parent.parent for p, nb in run.items() if of_metadata(nb.metadata) != "zh"}
@@ -468,10 +306,7 @@ def _add_unclaimed(report: RunReport, notebooks: list[Path]) -> None:
                 for cid in check_ids(cell.get("metadata", {}).get("tags")):
                     others.setdefault(cid, p.name)
     for cid in (c for c in SEED_CHECKS if c not in have):
-        if cid in others:
-            reason = msg("runner.not_selected", lang, notebook=others[cid])
-            report.checks.append(CheckResult(cid, Status.SKIPPED, others[cid], reason, True))
-        else:
-            report.checks.append(CheckResult(cid, Status.MISSING, "", msg("runner.untagged", lang, check_id=cid), True))
+        status, reason = verdict(None, cid, lang, elsewhere=others.get(cid, ""))
+        report.checks.append(CheckResult(cid, status, others.get(cid, ""), reason, True))
     order = {cid: i for i, cid in enumerate(SEED_CHECKS)}
     report.checks.sort(key=lambda c: (order.get(c.id, len(order)), not c.seed))

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import ParameterError
+from .lang import DEFAULT, current, msg
+
 # A conversation as text; add_generation_prompt ends a prompt where the assistant's answer starts.
 LLAMA_TEMPLATE = (
     "{% for m in messages %}{% if m['role'] == 'user' %}<|user|>{{ m['content'] }}\n"
@@ -52,8 +55,6 @@ def save_base(out: str, texts: list[str], *, arch: str = "llama", seed: int = 0,
     parameters)."""
     import transformers
 
-    from .errors import ParameterError
-
     if unknown := sorted(set(shape) - set(SHAPE)):
         raise ParameterError(f"save_base: unknown shape {unknown}; known: {sorted(SHAPE)}")
     size = {**SHAPE, **shape}
@@ -75,9 +76,6 @@ def lesson_scripts(lesson: str, *names: str) -> None:
     """Write the ``%%writefile`` cells of ``notebooks/<lesson>.ipynb`` that save ``names`` into the current folder
     (``notebooks/en/<lesson>.ipynb``'s in an English notebook)."""
     import nbformat
-
-    from .errors import ParameterError
-    from .lang import DEFAULT, current, msg
 
     # the series' own notebooks, beside the package (installed with `pip install -e .`), in the learner's language
     folder = Path(__file__).resolve().parent.parent / "notebooks"

@@ -48,14 +48,8 @@ def notebook_stem(environ=None) -> str:
     return re.sub(r"[^\w.-]", "_", stem) or "notebook"
 
 
-def work_dir(
-    path: str | os.PathLike = "",
-    keep: bool = False,
-    prefix: str = "nbtools-",
-    *,
-    persistent: bool = False,
-    base: str | os.PathLike | None = None,
-) -> Path:
+def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nbtools-", *, persistent: bool = False,
+             base: str | os.PathLike | None = None) -> Path:
     """The notebook's work dir.
 
     - ``path`` given: that folder (created if needed; a folder that existed before is never removed);
@@ -67,16 +61,10 @@ def work_dir(
     (and by ``cleanup``) unless ``keep``, so a failing run leaves nothing behind either.
     """
     if not path and persistent:
-        path = Path(base or os.getcwd()) / "work" / notebook_stem()
-        p = _writable(path, "")
-        _PERSISTENT.add(p)
+        _PERSISTENT.add(p := _writable(Path(base or os.getcwd()) / "work" / notebook_stem(), ""))
         return p
-    if path:
-        existed = Path(path).expanduser().resolve().exists()
-        p = _writable(path, str(path))
-    else:
-        p = Path(tempfile.mkdtemp(prefix=prefix)).resolve()
-        existed = False
+    existed = bool(path) and Path(path).expanduser().resolve().exists()
+    p = _writable(path, str(path)) if path else Path(tempfile.mkdtemp(prefix=prefix)).resolve()
     if not existed:
         _CREATED.add(p)
         if not keep:

@@ -12,8 +12,9 @@ import pytest
 from conftest import ROOT
 
 from nbtools import ParameterError
+from nbtools.answers import Answer, answer_blocks, apply, collect, judge
+from nbtools.lint import exercise_cells
 from nbtools.runner import discover
-from nbtools.teacher import Answer, answer_blocks, apply, collect, exercise_cells, judge
 
 EXERCISE_1 = """### 练习 1
 
@@ -130,7 +131,7 @@ def test_every_committed_answer_still_applies_to_its_lesson(tmp_path):
 def test_an_answer_for_accelerators_only_is_left_out_on_a_cpu(tmp_path):
     """08's answers make FSDP checks fail on purpose; on a CPU those checks are skipped, so the answers are not
     run there (and not counted as passing): the run says so instead."""
-    from nbtools.teacher import run_answers
+    from nbtools.answers import run_answers
 
     said = []
     sharding = [p for p in discover([]) if p.name == "08_sharding.ipynb"]

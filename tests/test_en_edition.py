@@ -40,7 +40,7 @@ def test_every_english_notebook_is_its_chinese_twin(name):
 def test_english_notebooks_are_committed_clean():
     """`nbtools check`'s rules per notebook (clean, tagged, exercises as `### Exercise N` with Hint and Answer), and
     every label or message their prose quotes is one their code or nbtools (its English catalogue too) produces."""
-    from nbtools.teacher import check_notebook, quote_problems
+    from nbtools.lint import check_notebook, quote_problems
 
     paths = [Path(NOTEBOOKS, "en", f"{n}.ipynb") for n in ENGLISH]
     problems = [p for path in paths for p in check_notebook(path)[0]]
@@ -183,7 +183,8 @@ def test_an_english_notebooks_unrun_seed_checks_are_not_missing(tmp_path):
     nb["metadata"]["nbtools_translation"] = {"lang": "en"}
     ed.save(tmp_path / "en" / "02_distributed_eval.ipynb", nb)
     report = RunReport(device={})
-    _add_unclaimed(report, [tmp_path / "en" / "02_distributed_eval.ipynb"])
+    path = tmp_path / "en" / "02_distributed_eval.ipynb"
+    _add_unclaimed(report, {path: nbformat.read(path, as_version=4)})
     got = {c.id: (c.status.value, c.reason) for c in report.checks}
     assert set(got) == set(SEED_CHECKS) and got["check-py"] == ("skipped", "not selected: 00_environment.ipynb was not "
                                                                            "run this time"), got
@@ -213,7 +214,7 @@ def test_the_language_is_the_notebooks(tmp_path, monkeypatch):
     assert [lang.of_notebook(str(tmp_path / p)) for p in ("a.ipynb", "en/b.ipynb", "c.ipynb", "en/gone.ipynb")] \
         == ["en", "zh", "zh", "en"]
     monkeypatch.setenv("JPY_SESSION_NAME", str(tmp_path / "a.ipynb"))
-    assert lang.current() == "en" and lang.msg("teacher.exercise") == "Exercise"
+    assert lang.current() == "en" and lang.msg("lint.exercise") == "Exercise"
     monkeypatch.setenv("NBTOOLS_LANG", "zh")
     assert lang.current() == "zh"
 
@@ -258,7 +259,7 @@ def test_an_english_run_says_everything_in_english(tmp_path):
     printed = "".join(o.get("text", "") for c in executed.cells for o in c.get("outputs", []))
     assert "lang en" in printed and "Platform:" in printed, printed
     assert ed.scan(out) == [], ed.scan(out)
-    assert not [p for p in __import__("nbtools.teacher").teacher.exercise_problems(executed)]
+    assert not [p for p in __import__("nbtools.lint").lint.exercise_problems(executed)]
     zh = json.loads((out / path.name).read_text(encoding="utf-8"))
     zh["metadata"].pop("nbtools_translation")  # the same outputs read as a Chinese notebook's are not scanned
     (out / path.name).write_text(json.dumps(zh), encoding="utf-8")
@@ -326,7 +327,7 @@ def _msg_keys() -> set[str]:
                 arg = node.args[0] if node.args else None
                 if isinstance(arg, ast.Constant):
                     keys.add(arg.value)
-                elif isinstance(arg, ast.JoinedStr):  # msg(f"teacher.{k}"): its prefix
+                elif isinstance(arg, ast.JoinedStr):  # msg(f"lint.{k}"): its prefix
                     keys.add(arg.values[0].value + "*")
     return keys
 

@@ -14,9 +14,9 @@ import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
 from nbtools import report as report_module
-from nbtools.checks import VERDICT_MIME
+from nbtools.checks import VERDICT_MIME, CheckResult
 from nbtools.report import write_all
-from nbtools.run_results import CheckResult, NotebookResult, RunReport
+from nbtools.run_results import NotebookResult, RunReport
 
 CPU = {
     "kind": "cpu",

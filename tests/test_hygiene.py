@@ -13,7 +13,7 @@ import pytest
 from conftest import NOTEBOOKS
 
 from nbtools.checks import SEED_CHECKS
-from nbtools.teacher import PROSE_LIMIT, check_series, exercise_cells
+from nbtools.lint import PROSE_LIMIT, check_series, exercise_cells
 
 
 def test_committed_series_is_clean():
@@ -54,6 +54,8 @@ def _code(nb):
         (lambda nb: nb.metadata.__setitem__("papermill", {}), "papermill run data"),
         (lambda nb: nb.metadata["kernelspec"].__setitem__("name", "python3-npu"), "kernelspec name"),
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("x = 1", metadata={"tags": ["parameters"]})), "2 cells tagged 'parameters'"),
+        (lambda nb: [c.metadata.__setitem__("tags", []) for c in nb.cells if "parameters" in c.metadata.get("tags", [])],
+         "0 cells tagged 'parameters'"),
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("!accelerate launch x.py")), "shell escape '!'"),
         (lambda nb: nb.cells.append(nbformat.v4.new_code_cell("%pip install accelerate")), "shell escape '%pip'"),
         (lambda nb: [c.__setitem__("source", c.source.replace("import nbtools\n", "")) for c in nb.cells if c.cell_type == "code"],

@@ -238,6 +238,8 @@ def test_a_warning_written_into_another_ranks_line_is_put_on_its_own(python):
 @pytest.mark.parametrize("warning", [
     "[rank1]:[W1201 23:22:48.794764329 logger.cpp:329] Warning: Time stats are currently only collected for CPU",
     "[W1201 04:10:11.123000 1234 torch/csrc/distributed/c10d/ProcessGroupGloo.cpp:512] Warning: slow",
+    # DeepSpeed's logger (07b's bf16 run on CPU: another rank's line read `adapter_dtype=torch.float32[2026-...`)
+    "[2026-12-06 05:17:31,084] [WARNING] [real_accelerator.py:213:get_accelerator] Setting accelerator to CPU.",
 ])
 def test_torchs_cpp_warning_written_into_another_ranks_line_is_put_on_its_own(warning):
     assert unglue_warning(f"device=npu final_loss=0.8119{warning}") == f"device=npu final_loss=0.8119\n{warning}"

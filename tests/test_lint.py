@@ -32,7 +32,7 @@ def test_ruff_is_clean():
 # --- The package's shape (issue: "the harness made small"): read from the source with ast, no import.
 
 PACKAGE = Path(ROOT) / "nbtools"
-MAX_FUNCTION_LINES = 60
+MAX_FUNCTION_LINES = 45
 MAX_PARAMETERS = 7  # self and cls aside; a function that needs more takes a value that groups them (guarded.Shown)
 # blank lines, comments and docstrings aside: the package stays small as lessons are added. 4300, raised to 4650 by
 # the card proof (session.Expected, the needs: pin in checks.Here, check-py's terminal python, cards_seen), the
@@ -49,8 +49,8 @@ MAX_CODE_LINES = 4660
 PARTS = {
     "core": (0, {"device", "decide", "versions", "simnpu_env", "params", "checks", "errors", "expected", "workdir", "proctree",
               "npusmi", "floors", "lang"}),
-    "launch": (1, {"commands", "diagnose", "guarded", "guardian", "ps", "machines", "session", "magics"}),
-    "run": (2, {"runner", "kernels", "run_results", "report", "teacher", "doctor", "bundle"}),
+    "launch": (1, {"commands", "diagnose", "guarded", "guardian", "machines", "session", "magics"}),
+    "run": (2, {"runner", "kernels", "run_results", "report", "lint", "answers", "ps", "doctor", "bundle"}),
     "lessons": (2, {"bigmodel", "ranks", "perf", "tinybase"}),
     "entry": (3, {"__init__", "__main__"}),
 }
@@ -75,7 +75,7 @@ def _imported_modules(tree: ast.Module) -> set[str]:
     return found
 
 
-def test_no_function_is_longer_than_60_lines():
+def test_no_function_is_longer_than_45_lines():
     long = [
         f"{name}.py:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for name, tree in _modules().items()

@@ -55,11 +55,6 @@ def test_bytes_per_target_sums_module_sizes():
     assert bigmodel.bytes_per_target({"a": 0, "b": 0}, sizes) == {"0": 30}
 
 
-def test_accelerator_allocated_is_empty_on_the_cpu():
-    assert bigmodel.accelerator_allocated("cpu", 0) == {}
-    assert bigmodel.accelerator_allocated("npu", 0) == {}
-
-
 def test_tensor_bytes_per_device_skips_meta_and_named_modules():
     torch = pytest.importorskip("torch")
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))

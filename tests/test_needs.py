@@ -8,10 +8,10 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
-from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, needs_of, verdict_in
+from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, judge_checks, needs_of, verdict, verdict_in
 from nbtools.device import from_probe
 from nbtools.lang import msg
-from nbtools.runner import here_for, judge_checks
+from nbtools.runner import here_for
 
 CPU = Here("cpu")
 SIM_NPU = Here("npu", 2, simulated=True)
@@ -110,7 +110,26 @@ def test_a_verdict_is_the_displayed_data_for_the_cells_own_id(outputs, want):
     assert verdict_in(outputs, "a") == want
     cell = nbformat.v4.new_code_cell("", metadata={"tags": ["check:a"]}, execution_count=1, outputs=outputs)
     (got,) = judge_checks(nbformat.v4.new_notebook(cells=[cell]), "x.ipynb")
-    assert (got.status, got.reason) == (want or (Status.FAILED, msg("runner.no_verdict", "zh", check_id="a")))
+    assert (got.status, got.reason) == (want or (Status.FAILED, msg("checks.no_verdict", "zh", check_id="a")))
+
+
+def test_every_verdict_of_a_check_comes_from_the_one_judge():
+    """checks.verdict decides each way a check ends (issue 59: judged in one place): the runner's not-run notebooks,
+    its checks no notebook of the run carries, and every judged cell go through it."""
+    error = nbformat.v4.new_output("error", ename="AssertionError", evalue="\x1b[31mfirst\x1b[0m\nsecond", traceback=[])
+    cell = nbformat.v4.new_code_cell("", metadata={"tags": ["check:a", "needs:npu"]}, execution_count=1, outputs=[error])
+    assert verdict(cell, "a") == (Status.FAILED, "AssertionError: first")
+    assert verdict(cell, "a", full=True) == (Status.FAILED, "AssertionError: first\nsecond")
+    assert verdict(cell, "a", not_run="没有运行：X") == (Status.FAILED, "没有运行：X")
+    assert verdict(None, "a", "en", elsewhere="00_x.ipynb") == (Status.SKIPPED, msg("checks.not_selected", "en", notebook="00_x.ipynb"))
+    assert verdict(None, "a", "en") == (Status.MISSING, msg("checks.untagged", "en", check_id="a"))
+    never = nbformat.v4.new_code_cell("", metadata={"tags": ["check:a"]})
+    assert verdict(never, "a", "en") == (Status.FAILED, msg("checks.not_reached", "en"))
+    cell.outputs = [shown("a", "passed")]
+    assert verdict(cell, "a") == (Status.PASSED, "")
+    assert verdict(cell, "a", here=CPU)[0] is Status.FAILED  # a pass its needs contradict
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert [(c.status, c.reason) for c in judge_checks(nb, "x.ipynb", not_run="没有运行：X")] == [(Status.FAILED, "没有运行：X")]
 
 
 def test_every_needs_tag_of_the_series_is_in_the_vocabulary():

@@ -21,9 +21,9 @@ from conftest import (
 )
 
 from nbtools import detect
-from nbtools.checks import SEED_CHECKS, Here, Status, check_ids, needs_of
+from nbtools.checks import SEED_CHECKS, Here, Status, check_ids, judge_checks, needs_of
 from nbtools.params import parameter_defaults
-from nbtools.runner import finds, here_for, judge_checks
+from nbtools.runner import finds, here_for
 
 pytestmark = pytest.mark.notebook
 

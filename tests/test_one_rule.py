@@ -143,7 +143,19 @@ def test_which_soc_has_no_bf16_has_one_home(monkeypatch, tmp_path):
     env = {**sim_env(tmp_path, cards=2, soc="Ascend910B4"), "SIMNPU_CACHE_DIR": os.environ.get("SIMNPU_CACHE_DIR", "")}
     info = device.from_probe(device.run_probe(env=env), environ=env)
     assert info.kind == "npu" and not info.bf16, f"the probe did not follow simnpu's SOCS: {info.raw}"
-    assert "bf16" not in info.mixed_precisions and doctor._devices_row(info).status == doctor.WARN
+    row = doctor._devices_row(info)
+    assert "bf16" not in info.mixed_precisions and row.status == doctor.WARN and "310P" not in row.note, row
     code = "import torch\ntry:\n    torch.zeros(1, dtype=torch.bfloat16, device='npu')\nexcept RuntimeError as e:\n    print('NO', e)"
     made = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert "NO" in made.stdout and "no bfloat16" in made.stdout, made.stdout + made.stderr
+
+
+def test_whether_a_card_has_bf16_is_its_own_answer():
+    """The probe's npu_bf16 (torch.npu.is_bf16_supported()) is the one answer to "has this card bf16": DeviceInfo and
+    doctor's devices row follow it whatever the card is called (a 910B4 that answers False is warned of, in words
+    that name no card; a 310P3 that answers True is not)."""
+    for names, bf16 in ((["Ascend910B4"] * 2, False), (["Ascend310P3"] * 2, True)):
+        info = device.from_probe(dict(NPU2, npu_names=names, npu_bf16=bf16), environ={})
+        row = doctor._devices_row(info)
+        assert ("bf16" in info.mixed_precisions) is bf16 and (row.status == doctor.WARN) is not bf16, row
+        assert "310P" not in row.note and ("is_bf16_supported() is False" in row.note) is not bf16, row

@@ -1,7 +1,7 @@
-"""A learner's own job (07b; 07, 08 and 08b take a model_id too): a tiny Qwen2 made offline, the three data forms
-07b's train_sft.py reads (Alpaca, messages, ShareGPT) and the rows it refuses, labels on the assistant turns only,
-max_length derived and examples with no answer token dropped, resume from the last checkpoint and on another process
-count refused, eval_sft.py's character F1, and 07b and 08 end to end on that second architecture.
+"""A learner's own job (07b trains, 07c evaluates; 07, 08 and 08b take a model_id too): a tiny Qwen2 made offline, the
+three data forms 07b's train_sft.py reads (Alpaca, messages, ShareGPT) and the rows it refuses, labels on the assistant
+turns only, max_length derived and examples with no answer token dropped, resume from the last checkpoint and on another
+process count refused, 07c's eval_sft.py's character F1, and 07b + 07c and 08 end to end on that second architecture.
 
 ``tiny_model`` is the fixture other tests use for a local ``model_id`` (no network, seconds).
 """
@@ -68,12 +68,13 @@ def test_the_tiny_qwen2_loads_as_qwen_with_its_chat_template(qwen):
 
 @pytest.fixture(scope="module")
 def recipe(tmp_path_factory, qwen):
-    """07b's train_sft.py and eval_sft.py written as the lesson writes them (the learner's two files)."""
+    """07b's train_sft.py and 07c's eval_sft.py written as the lessons write them (the learner's two files)."""
     folder = tmp_path_factory.mktemp("recipe")
     here = os.getcwd()
     os.chdir(folder)
     try:
-        lesson_scripts("07b_lora_your_data", "train_sft.py", "eval_sft.py")
+        lesson_scripts("07b_lora_your_data", "train_sft.py")
+        lesson_scripts("07c_lora_evaluate_and_keep", "eval_sft.py")
     finally:
         os.chdir(here)
     sys.path.insert(0, str(folder))
@@ -237,14 +238,18 @@ def own_job_files(folder: Path) -> dict[str, Path]:
 @pytest.mark.notebook
 @pytest.mark.parametrize("lesson", ["07b_lora_your_data", "08_sharding"])
 def test_the_own_job_and_08_pass_on_a_tiny_qwen2_on_the_simulated_npu(lesson, qwen, tmp_path):
-    """Not bound to one architecture: the lesson end to end with -p model_id= at a Qwen2 model made offline. 07b is
-    the learner's own job on ONE simulated card (ASCEND_RT_VISIBLE_DEVICES=0, as a 1-card host is rehearsed): the model
-    through ModelScope (a prebuilt cache, HF_HUB_OFFLINE=1) where the optional modelscope package is installed, else
-    as a local folder; data, validation and held-out files in the three forms; its results kept in output_dir."""
+    """Not bound to one architecture: the lesson end to end with -p model_id= at a Qwen2 model made offline. 07b and
+    then 07c are the learner's own job on ONE simulated card (ASCEND_RT_VISIBLE_DEVICES=0, as a 1-card host is
+    rehearsed), one `nbtools run` with the same -p for both, as README's command: the model through ModelScope (a
+    prebuilt cache, HF_HUB_OFFLINE=1) where the optional modelscope package is installed, else as a local folder; data,
+    validation and held-out files in the three forms; 07b's results kept in output_dir, where 07c finds the merged
+    model (no training of its own) and keeps its predictions and metrics beside it."""
     if lesson == "08_sharding":  # a model whose states outweigh its activations: 08's budget splits DDP from FSDP2
         qwen = tiny_model(tmp_path / "qwen-256", hidden=256, intermediate=512, layers=4)
     out, env, params = tmp_path / "out", dict(os.environ), ["-p", f"model_id={qwen}"]
+    notebooks = [str(Path(NOTEBOOKS) / f"{lesson}.ipynb")]
     if lesson == "07b_lora_your_data":
+        notebooks.append(str(Path(NOTEBOOKS) / "07c_lora_evaluate_and_keep.ipynb"))
         files, kept = own_job_files(tmp_path), tmp_path / "kept"
         env["ASCEND_RT_VISIBLE_DEVICES"] = "0"
         params += ["-p", f"data_file={files['train.json']}", "-p", f"val_file={files['val.jsonl']}",
@@ -253,8 +258,8 @@ def test_the_own_job_and_08_pass_on_a_tiny_qwen2_on_the_simulated_npu(lesson, qw
             env.update(MODELSCOPE_CACHE=str(tmp_path / "ms"), HF_HUB_OFFLINE="1")
             params[1] = f"model_id={modelscope_cache(tmp_path / 'ms', qwen)}"
             params += ["-p", "model_source=modelscope"]
-    proc = subprocess.run([sys.executable, "-m", "nbtools", "run", "--simulate-npu", str(Path(NOTEBOOKS) / f"{lesson}.ipynb"),
-                           "--output", str(out), *params], capture_output=True, text=True, timeout=900, env=env)
+    proc = subprocess.run([sys.executable, "-m", "nbtools", "run", "--simulate-npu", *notebooks,
+                           "--output", str(out), *params], capture_output=True, text=True, timeout=1200, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     checks = {c["id"]: c["status"] for c in report["checks"] if not c["seed"]}
@@ -262,7 +267,7 @@ def test_the_own_job_and_08_pass_on_a_tiny_qwen2_on_the_simulated_npu(lesson, qw
     if lesson == "08_sharding":
         assert checks["shard-fsdp2-memory"] == "passed", checks  # wrapped by Qwen2's _no_split_modules
         return
-    assert all(checks[c] == "passed" for c in ("lora-own-data", "lora-eval-ranks", "lora-kept")), checks
+    assert all(checks[c] == "passed" for c in ("lora-own-data", "lora-eval-model", "lora-eval-ranks", "lora-kept")), checks
     predictions = [json.loads(line) for line in (kept / "predictions.jsonl").read_text(encoding="utf-8").splitlines()]
     assert [p["index"] for p in predictions] == list(range(11)), predictions  # each held-out example once
     assert {"base", "tuned"} <= set(predictions[0]) and (kept / "merged" / "model.safetensors").is_file()
@@ -272,3 +277,8 @@ def test_the_own_job_and_08_pass_on_a_tiny_qwen2_on_the_simulated_npu(lesson, qw
     launch = next(c for c in executed.cells if c.cell_type == "code" and c.source.startswith("sft_args"))
     text = "".join(o.get("text", "") for o in launch.outputs)  # the command as run, and the card's peak memory counted
     assert "# runs here as: ASCEND_RT_VISIBLE_DEVICES=0 " in text and "ACCELERATE_USE_CPU" not in text and "peak_memory=n/a" not in text, text
+    evaluated = nbformat.read(out / "07c_lora_evaluate_and_keep.ipynb", as_version=4)
+    model = next(c for c in evaluated.cells if c.cell_type == "code" and c.source.startswith("world = S.fitted"))
+    text = "".join(o.get("text", "") for o in model.outputs)  # 07c evaluated 07b's merged model, trained nothing itself
+    assert "已在 output_dir 里" in text and "train_sft.py" not in text, text
+    assert json.loads((kept / "metrics.json").read_text())["tuned"]["examples"] == 11

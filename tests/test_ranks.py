@@ -14,7 +14,6 @@ from nbtools.ranks import (
     draw_rank_step_grid,
     keyed_lines,
     padding_marks,
-    strip_rank_prefix,
 )
 
 matplotlib.use("Agg")
@@ -26,9 +25,9 @@ gathered=[1, 2, 3, 1, 2, 3]
 """
 
 
-def test_strip_rank_prefix_removes_torch_elastic_prefixes_only():
-    text = "[rank0]: world=2\n[default1]:device=npu\nplain [rank3]: stays\n[rankX]: stays too"
-    assert strip_rank_prefix(text) == "world=2\ndevice=npu\nplain [rank3]: stays\n[rankX]: stays too"
+def test_keyed_lines_remove_torch_elastic_prefixes_only():
+    text = "[rank0]: world=2\n[default1]:device=npu\nplain [rank3]: device=cpu\n[rankX]: world=3"
+    assert keyed_lines(text, ["world", "device"]) == "world=2\ndevice=npu"
 
 
 def test_block_keys_in_order_once_each():

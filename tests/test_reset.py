@@ -16,7 +16,7 @@ import pytest
 from conftest import NOTEBOOKS, wait_gone
 from packaging.requirements import Requirement
 
-from nbtools.teacher import accelerate_problem, accelerate_requirement
+from nbtools.ps import accelerate_problem, accelerate_requirement
 
 
 def _dirty_copy(tmp_path: Path) -> Path:
@@ -144,8 +144,8 @@ def test_a_source_install_of_accelerate_is_put_back(monkeypatch):
         def read_text(self, name):
             return '{"url": "https://github.com/huggingface/accelerate.git", "vcs_info": {"vcs": "git"}}'
 
-    from nbtools import teacher
+    from nbtools import ps
 
-    monkeypatch.setattr(teacher.metadata, "distribution", lambda name: FromGit())
-    said = teacher.accelerate_problem(accelerate_requirement())
+    monkeypatch.setattr(ps.metadata, "distribution", lambda name: FromGit())
+    said = ps.accelerate_problem(accelerate_requirement())
     assert said == "Accelerate 1.15.0 was installed from https://github.com/huggingface/accelerate.git"

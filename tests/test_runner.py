@@ -156,7 +156,7 @@ def test_check_statuses(series):
         "reason": "needs the network", "seed": True,
     }
     for cid in ("extra-silent", "extra-printed", "extra-wrong-id"):
-        assert (by[cid]["status"], by[cid]["reason"]) == ("failed", msg("runner.no_verdict", "zh", check_id=cid)), by[cid]
+        assert (by[cid]["status"], by[cid]["reason"]) == ("failed", msg("checks.no_verdict", "zh", check_id=cid)), by[cid]
     assert "extra-other-id" not in by  # a verdict counts for the id its cell is tagged with, nowhere else
     assert by["acc-launch"]["status"] == "failed" and "AssertionError" in by["acc-launch"]["reason"]
     assert by["acc-prepare"]["status"] == "failed" and "没有运行" in by["acc-prepare"]["reason"]
