@@ -61,11 +61,11 @@ def _notebooks_here(args, default_output: Path) -> tuple[list[Path], Path, objec
 def _cmd_run(args) -> int:
     from . import report as report_mod
     from .params import parse_params
-    from .runner import run_notebooks
+    from .runner import NETWORK_ENV, run_notebooks
 
     params = parse_params(args.param)
     if args.network:  # read by the runner and by the kernels' needs
-        os.environ["NBTOOLS_NETWORK"] = "1"
+        os.environ[NETWORK_ENV] = "1"
     notebooks, out, info = _notebooks_here(args, Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S"))
     print(f"running {len(notebooks)} notebook(s) with kernel {args.kernel!r}; output: {out}")
     rep = run_notebooks(notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info)
@@ -170,10 +170,12 @@ def _simulation_options() -> argparse.ArgumentParser:
 
 
 def _notebook_run_options(p: argparse.ArgumentParser, default_output: str) -> None:
+    from .run_results import DEFAULT_KERNEL
+
     p.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
     p.add_argument("--output", help=f"output dir (default: {default_output})")
     p.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
-    p.add_argument("--kernel", default="python3", help="Jupyter kernel name, as `jupyter kernelspec list` shows it "
+    p.add_argument("--kernel", default=DEFAULT_KERNEL, help="Jupyter kernel name, as `jupyter kernelspec list` shows it "
                    "(ModelArts names kernels per engine); the device is probed with that kernel's own interpreter")
 
 

@@ -36,11 +36,12 @@ from pathlib import Path
 from queue import Empty
 
 from .errors import NbtoolsError
+from .workdir import SESSION_ENV, UNATTENDED_ENV
 
 # What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
-# reads NBTOOLS_UNATTENDED (a private temporary folder, removed at the end); the other two make
+# reads UNATTENDED_ENV (a private temporary folder, removed at the end); the other two make
 # the kernel and every Python it starts write and read UTF-8 whatever the locale (LANG=C, GBK).
-KERNEL_ENV = {"NBTOOLS_UNATTENDED": "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
+KERNEL_ENV = {UNATTENDED_ENV: "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
 # nbclient's own rule for the kernels it starts: no IPython history database written.
 IPYKERNEL_ARGS = ["--HistoryManager.hist_file=:memory:"]
 # A kernel started ahead imports the plotting library while the notebook before it runs. A block,
@@ -210,7 +211,7 @@ class KernelsAhead:
         km = self._manager()
         args = [*IPYKERNEL_ARGS, f"--IPKernelApp.exec_lines={WARM_UP}"] if warm else IPYKERNEL_ARGS
         with open(self.log_for(path), "wb") as log:  # the kernel process keeps its own copy of the file
-            run_sync(km.start_kernel)(cwd=str(path.parent), env={**os.environ, **self.env, "JPY_SESSION_NAME": str(path)},
+            run_sync(km.start_kernel)(cwd=str(path.parent), env={**os.environ, **self.env, SESSION_ENV: str(path)},
                                       stdout=log, stderr=subprocess.STDOUT, extra_arguments=args if km.ipykernel else [])
         self._started[path] = KernelState(km)
 

@@ -45,6 +45,7 @@ from .guarded import GUARDIAN, MARKER_ENV
 from .npusmi import parse_npu_smi, summary
 from .proctree import existing, is_alive, marked, stop_from_top, terminate_then_kill
 from .versions import direct_url
+from .workdir import WORK
 
 
 @dataclass
@@ -154,9 +155,6 @@ def main(kill: bool = False, out=print, wanted=()) -> int:
         return 1
     out(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")
     return 0
-
-
-WORK = "work"  # the folder the notebooks' interactive work folders live in (session._work_dir)
 
 
 def accelerate_requirement() -> Requirement:

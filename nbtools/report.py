@@ -63,9 +63,8 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
     width = max([5] + [len(r[1]) for r in rows])
     lines = [f"{'status':<8}  {'check':<{width}}  notebook: reason"]
     lines += [f"{s:<8}  {i:<{width}}  {nb or '-'}: {' / '.join(str(why).splitlines())}" for s, i, nb, why in rows]
-    versions = ", ".join(f"{k} {v}" for k, v in (report.device.get("versions") or {}).items() if v)
-    where = f"report.json: {(output_dir / 'report.json').resolve()}"
-    return "\n".join([*lines, f"device: {device_line(report.device)}", f"versions: {versions}",
+    ctx, where = context(report), f"report.json: {(output_dir / 'report.json').resolve()}"
+    return "\n".join([*lines, f"device: {ctx['device']}", f"versions: {ctx['versions']}",
                       f"{where} (under Ascend's examples guard only this log and the exit status come back)"])
 
 
@@ -159,8 +158,6 @@ def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     return paths
 
 
-INDEX = "index.html"
-
 # nbconvert's 'lab' template without its remote scripts (require.js, MathJax, mermaid, widgets).
 OFFLINE_TEMPLATE_NAME = "nbtools_offline.html.j2"
 OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
@@ -180,42 +177,6 @@ def offline_exporter():
                         extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})])
 
 
-def check_anchors(nb) -> dict[str, str]:
-    """check id -> the HTML anchor of its (first) assertion cell in the nbconvert page (``cell-id=<id>``)."""
-    return {cid: f"cell-id={cell.id}" for cell in reversed(nb.cells) if cell.get("id")
-            for cid in check_ids(cell.get("metadata", {}).get("tags"))}
-
-
-def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str], dict[str, dict], list[str]]:
-    """Write NN_x.html beside each executed notebook.
-
-    Returns (notebook path -> page file name, notebook path -> {check id: anchor}, notes on
-    what could not be rendered). A rendering problem never fails the run: the index then
-    links the .ipynb instead and says why.
-    """
-    pages, anchors, notes = {}, {}, []
-    executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
-    if not executed:
-        return pages, anchors, notes
-    try:
-        exporter = offline_exporter()
-    except Exception as exc:  # ImportError without nbconvert, or a template problem
-        notes.append(f"notebook pages not rendered ({type(exc).__name__}: {exc}); pip install nbconvert")
-        return pages, anchors, notes
-    for n, ipynb in executed:
-        page = ipynb.with_suffix(".html")
-        try:
-            nb = nbformat.read(ipynb, as_version=4)
-            anchors[n.path] = check_anchors(nb)
-            body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
-            page.write_text(body, encoding="utf-8")
-        except Exception as exc:
-            notes.append(f"{n.output}: not rendered as HTML ({type(exc).__name__}: {exc})")
-            continue
-        pages[n.path] = page.name
-    return pages, anchors, notes
-
-
 def render_index(report: RunReport, pages: dict[str, str] | None = None, anchors: dict[str, dict] | None = None,
                  notes: list[str] | None = None) -> str:
     """The index page (templates/index.html.j2). ``pages``: notebook path -> rendered page; ``anchors``: check
@@ -225,12 +186,27 @@ def render_index(report: RunReport, pages: dict[str, str] | None = None, anchors
 
 
 def write_html(report: RunReport, output_dir: Path) -> list[Path]:
-    """Write index.html and NN_x.html per executed notebook into output_dir.
-
-    Returns [index.html, the notebook pages...].
-    """
-    output_dir = Path(output_dir)
-    pages, anchors, notes = render_notebooks(report, output_dir)
-    index = output_dir / INDEX
+    """Write index.html and NN_x.html beside each executed notebook into output_dir; returns [index.html, the notebook
+    pages...]. A rendering problem never fails the run: the index then links the .ipynb instead and says why."""
+    output_dir, pages, anchors, notes = Path(output_dir), {}, {}, []
+    executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
+    try:
+        exporter = offline_exporter() if executed else None
+    except Exception as exc:  # ImportError without nbconvert, or a template problem
+        notes.append(f"notebook pages not rendered ({type(exc).__name__}: {exc}); pip install nbconvert")
+        executed = []
+    for n, ipynb in executed:
+        page = ipynb.with_suffix(".html")
+        try:
+            nb = nbformat.read(ipynb, as_version=4)  # each check's anchor: its (first) cell in the page, cell-id=<id>
+            anchors[n.path] = {cid: f"cell-id={cell.id}" for cell in reversed(nb.cells) if cell.get("id")
+                               for cid in check_ids(cell.get("metadata", {}).get("tags"))}
+            body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
+            page.write_text(body, encoding="utf-8")
+        except Exception as exc:
+            notes.append(f"{n.output}: not rendered as HTML ({type(exc).__name__}: {exc})")
+            continue
+        pages[n.path] = page.name
+    index = output_dir / "index.html"
     index.write_text(render_index(report, pages, anchors, notes), encoding="utf-8")
     return [index, *(output_dir / p for p in pages.values())]
