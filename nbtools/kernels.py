@@ -7,7 +7,7 @@ variables. Papermill gets the started manager (``execute_notebook(km=...)``); nb
 the managers it made, so ``KernelsAhead.close`` shuts each notebook's kernel down (idle: request_shutdown,
 finish_shutdown, cleanup_resources, which log no "KeyboardInterrupt caught in kernel"; busy:
 ``shutdown_kernel(now=True)``) and ``KernelsAhead`` shuts down at its end the kernels no notebook used.
-All of it is jupyter_client's public API. ``runner_kernel_client`` does not wait for jupyter_client's
+All of it is jupyter_client's public API. ``RunnerKernelClient`` does not wait for jupyter_client's
 0.2 s of IOPub silence once the kernel answered: nbclient takes from IOPub only what answers its cell.
 
 The kernel spec: on ModelArts or a JupyterHub no shell of yours runs before JupyterLab, so ``source
@@ -34,6 +34,9 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty
+
+from jupyter_client import AsyncKernelClient, AsyncKernelManager, protocol_version_info
+from jupyter_core.utils import run_sync
 
 from .errors import NbtoolsError
 from .workdir import SESSION_ENV, UNATTENDED_ENV
@@ -79,50 +82,41 @@ class KernelState:
 _connection_numbers = itertools.count()  # unique in this process: a kernel ahead runs beside the current one
 
 
-def runner_kernel_manager() -> type:
-    """jupyter_client's AsyncKernelManager that keeps the clients it made (nbclient's, through
-    ``client()``), so that their channels are closed with the kernel: nbclient leaves them open
-    when it was handed the manager."""
-    from jupyter_client import AsyncKernelManager
+class RunnerKernelManager(AsyncKernelManager):
+    """jupyter_client's AsyncKernelManager that keeps the clients it made (nbclient's, through ``client()``), so that
+    their channels are closed with the kernel: nbclient leaves them open when it was handed the manager."""
 
-    class RunnerKernelManager(AsyncKernelManager):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.clients: list = []
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.clients: list = []
 
-        def client(self, **kw):
-            kc = super().client(**kw)
-            self.clients.append(kc)
-            return kc
-
-    return RunnerKernelManager
+    def client(self, **kw):
+        kc = super().client(**kw)
+        self.clients.append(kc)
+        return kc
 
 
-def runner_kernel_client() -> type:
-    """jupyter_client's AsyncKernelClient whose ``wait_for_ready`` returns once the kernel answered
-    ``kernel_info`` on shell and IOPub (jupyter_client then also waits for 0.2 s of silence)."""
-    from jupyter_client import AsyncKernelClient, protocol_version_info
+class RunnerKernelClient(AsyncKernelClient):
+    """jupyter_client's AsyncKernelClient whose ``wait_for_ready`` returns once the kernel answered ``kernel_info`` on
+    shell and IOPub (jupyter_client then also waits for 0.2 s of silence)."""
 
-    class RunnerKernelClient(AsyncKernelClient):
-        async def wait_for_ready(self, timeout: float | None = None) -> None:
-            deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
-            while (reply := await _kernel_info(self)) is None:
-                if not await self.is_alive():
-                    raise RuntimeError("Kernel died before replying to kernel_info")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
-            self.adapt_protocol(reply)
-            # drop what is queued now (the request's other status message); wait for nothing
-            while await _next(self.iopub_channel, 0.01) is not None:
-                pass
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        while (reply := await _kernel_info(self)) is None:
+            if not await self.is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+        self.adapt_protocol(reply)
+        # drop what is queued now (the request's other status message); wait for nothing
+        while await _next(self.iopub_channel, 0.01) is not None:
+            pass
 
-        def adapt_protocol(self, reply: dict) -> None:
-            """Speak the kernel's major protocol version, as jupyter_client does on kernel_info_reply."""
-            major = int(reply["content"].get("protocol_version", "5").split(".")[0])
-            if major != protocol_version_info[0]:
-                self.session.adapt_version = major
-
-    return RunnerKernelClient
+    def adapt_protocol(self, reply: dict) -> None:
+        """Speak the kernel's major protocol version, as jupyter_client does on kernel_info_reply."""
+        major = int(reply["content"].get("protocol_version", "5").split(".")[0])
+        if major != protocol_version_info[0]:
+            self.session.adapt_version = major
 
 
 async def _next(channel, timeout: float) -> dict | None:
@@ -193,11 +187,11 @@ class KernelsAhead:
         self.discard()
 
     def _manager(self):
-        kw = {"kernel_name": self.kernel, "client_factory": runner_kernel_client()}
+        kw = {"kernel_name": self.kernel, "client_factory": RunnerKernelClient}
         if self.conn_dir is not None:  # IPC: nothing listens on a port, and no "running over TCP" warning
             self.conn_dir.mkdir(parents=True, exist_ok=True)
             kw.update(transport="ipc", connection_file=str(self.conn_dir / f"{next(_connection_numbers)}.json"))
-        return runner_kernel_manager()(**kw)
+        return RunnerKernelManager(**kw)
 
     def start(self, path: Path, warm: bool = False) -> None:
         """Start ``path``'s kernel now, in the notebook's folder and told its path as JupyterLab 4 tells it
@@ -206,8 +200,6 @@ class KernelsAhead:
         stderr (ipykernel's log) go to ``log_for(path)``, not the terminal."""
         if path in self._started:
             return
-        from jupyter_core.utils import run_sync
-
         km = self._manager()
         args = [*IPYKERNEL_ARGS, f"--IPKernelApp.exec_lines={WARM_UP}"] if warm else IPYKERNEL_ARGS
         with open(self.log_for(path), "wb") as log:  # the kernel process keeps its own copy of the file
@@ -237,8 +229,6 @@ class KernelsAhead:
     def close(self, state: KernelState) -> None:
         """Shut down the kernel a notebook ran in (`shutdown`); a cell still running, or a stop
         signal, makes it an interrupt and a kill."""
-        from jupyter_core.utils import run_sync
-
         run_sync(shutdown)(state.km, busy=state.busy or state.stopping)
 
     def discard(self) -> None:

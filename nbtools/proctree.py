@@ -86,15 +86,6 @@ def remember(pid: int, known: dict[int, psutil.Process]) -> None:
             known.setdefault(child.pid, child)
 
 
-def signal_group(pid: int, sig: int) -> None:
-    """``sig`` to the process group ``pid`` leads (a kernel runs in its own session), else to ``pid``."""
-    try:
-        os.killpg(os.getpgid(pid), sig)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.kill(pid, sig)
-
-
 def stop_from_top(procs, tops, grace: float | None = None) -> list[int]:
     """Stop processes whose ``tops`` stop their own trees (guardians): SIGTERM to the tops, up to
     ``grace`` + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
@@ -305,8 +296,13 @@ class Stopper:
         return pid
 
     def _signal_kernel(self, sig: int) -> None:
-        if (pid := self._remember()) is not None:  # noted first: a kernel killed takes its tree's links with it
-            signal_group(pid, sig)  # the kernel runs in its own session
+        if (pid := self._remember()) is None:  # noted first: a kernel killed takes its tree's links with it
+            return
+        try:
+            os.killpg(os.getpgid(pid), sig)  # the kernel runs in its own session: its process group
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
 
     @contextlib.contextmanager
     def watching(self, state):
