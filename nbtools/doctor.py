@@ -229,9 +229,3 @@ def render(rows: list[Row]) -> str:
     out += ["", f"{len(blocking)} blocking problem(s): fix the FAIL lines above, then run again." if blocking
             else "No blocking problem: `python -m nbtools run` can start."]
     return "\n".join(out)
-
-
-def main() -> int:
-    rows = diagnose()
-    print(render(rows))
-    return 1 if any(r.status == FAIL for r in rows) else 0

@@ -42,7 +42,7 @@ from packaging.requirements import Requirement
 
 from .doctor import REQUIREMENTS, series_requirements
 from .guarded import GUARDIAN, MARKER_ENV
-from .npusmi import parse_npu_smi, summary
+from .npusmi import parse_npu_smi
 from .proctree import existing, is_alive, marked, stop_from_top, terminate_then_kill
 from .versions import direct_url
 from .workdir import WORK
@@ -139,22 +139,6 @@ def select(launches: list[Launch], wanted=()) -> list[Launch]:
         return launches
     keys = {str(w) for w in wanted}
     return [g for g in launches if keys & {g.id, str(g.starter_pid), *(str(p.pid) for p in g.processes)}]
-
-
-def main(kill: bool = False, out=print, wanted=()) -> int:
-    """List (and with ``kill`` stop) the live launches; ``wanted``: only these ids / pids (default: all)."""
-    launches = select(find(), wanted)
-    out(render(launches))
-    table = npu_smi_table()
-    if table is not None:  # one line per chip, then who holds an NPU (as it came, in a layout the parser does not know)
-        out("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + (summary(table) if isinstance(table, dict) else table))
-    if not kill or not launches:
-        return 0
-    if left := stop(launches):
-        out(f"could not stop pid(s) {', '.join(map(str, left))} (another user's? try `kill -9` as that user)")
-        return 1
-    out(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")
-    return 0
 
 
 def accelerate_requirement() -> Requirement:

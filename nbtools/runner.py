@@ -42,7 +42,7 @@ from .kernels import KernelsAhead, ipc_dir
 from .lang import msg, of_metadata
 from .params import convert_parameters, parameter_defaults
 from .proctree import Stopper
-from .run_results import DEFAULT_KERNEL, Failure, NotebookResult, RunReport
+from .run_results import CELL_TIMEOUT_S, DEFAULT_KERNEL, Failure, NotebookResult, RunReport
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
@@ -236,7 +236,7 @@ class _Run:
 
 
 def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | None = None, *, kernel: str = DEFAULT_KERNEL,
-                  timeout: float | None = 1800, keep_work: bool = False, info: DeviceInfo | None = None) -> RunReport:
+                  timeout: float | None = CELL_TIMEOUT_S, keep_work: bool = False, info: DeviceInfo | None = None) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
