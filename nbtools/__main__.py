@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 from .checks import Status
-from .errors import LaunchError, LaunchTimeout, NbtoolsError
+from .errors import LaunchError, LaunchTimeout, NbtoolsError, ParameterError
 
 
 def _simulate(args) -> None:
     """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
-    from .errors import ParameterError
     from .simnpu_env import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
 
     if not args.simulate_npu:
