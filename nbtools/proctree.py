@@ -86,16 +86,15 @@ def remember(pid: int, known: dict[int, psutil.Process]) -> None:
             known.setdefault(child.pid, child)
 
 
-def stop_from_top(procs, tops, grace: float | None = None) -> list[int]:
+def stop_from_top(procs, tops) -> list[int]:
     """Stop processes whose ``tops`` stop their own trees (guardians): SIGTERM to the tops, up to
-    ``grace`` + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
+    GRACE + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
     wedged one). Returns the pids still alive afterwards (none, normally)."""
     procs, tops = list(procs), list(tops)
     for top in tops:
         _signal(top, signal.SIGTERM)
-    grace = GRACE if grace is None else grace
-    alive = _wait(procs, grace + 3 if tops else 0.1, reap=True)
-    terminate_then_kill(alive, grace)
+    alive = _wait(procs, GRACE + 3 if tops else 0.1, reap=True)
+    terminate_then_kill(alive)
     return [p.pid for p in alive if is_alive(p)]
 
 

@@ -108,13 +108,13 @@ def render(launches: list[Launch], width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def stop(launches: list[Launch], grace: float | None = None) -> list[int]:
+def stop(launches: list[Launch]) -> list[int]:
     """Stop every process of these launches (each guardian first: it stops its own tree gracefully);
     returns the pids still alive afterwards (none, normally)."""
     procs = existing(p.pid for launch in launches for p in launch.processes)
     guardians = {p.pid for launch in launches for p in launch.processes if p.role == "guardian"}
     tops = [proc for proc in procs if proc.pid in guardians]
-    return stop_from_top(procs, tops, grace)
+    return stop_from_top(procs, tops)
 
 
 def npu_smi_table(timeout: float = 20) -> dict | str | None:

@@ -9,8 +9,8 @@ check, linked to the executed notebooks rendered as HTML with nbconvert.
 Everything is self-contained, so the report opens from a CI artifact or a file:// URL on a
 machine without network: inline CSS, no script, nothing fetched. nbconvert's 'lab' template
 loads require.js, MathJax and mermaid from cdnjs (and the widget renderer from a CDN when
-a notebook has widget state); the template below keeps its inlined CSS and drops those
-blocks. LaTeX in markdown then shows as source, which these notebooks do not use.
+a notebook has widget state); templates/nbtools_offline.html.j2 keeps its inlined CSS and drops
+those blocks. LaTeX in markdown then shows as source, which these notebooks do not use.
 
 The data model they write (RunReport and its parts) is run_results.py's: runner.py fills it, this module writes it out.
 """
@@ -43,9 +43,9 @@ def counted(counts: dict) -> str:
     return ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
-def summary_line(report: RunReport, counts: dict | None = None) -> str:
+def summary_line(report: RunReport) -> str:
     """'PASSED: 11 passed, 1 skipped checks; 7/7 notebooks passed in 312.4 s' (the CLI's last line)."""
-    counts = counts or status_counts(report)
+    counts = status_counts(report)
     checks = counted(counts["checks"]) or "no"
     passed = counts["notebooks"].get(Status.PASSED, 0)
     simulated = " on the simulated NPU (code paths and wiring, not the hardware)" if report.device.get("simulated") else ""
@@ -102,7 +102,7 @@ def context(report: RunReport) -> dict:
     dev, counts = report.device, status_counts(report)
     return {"report": report, "dev": dev, "device": device_line(dev), "counts": counts, "statuses": list(Status),
             "versions": ", ".join(f"{k} {v}" for k, v in (dev.get("versions") or {}).items() if v),
-            "parameters": parameters_line(report.parameters), "summary": summary_line(report, counts)}
+            "parameters": parameters_line(report.parameters), "summary": summary_line(report)}
 
 
 def write_junit(report: RunReport, path: Path) -> None:
@@ -158,23 +158,12 @@ def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     return paths
 
 
-# nbconvert's 'lab' template without its remote scripts (require.js, MathJax, mermaid, widgets).
-OFFLINE_TEMPLATE_NAME = "nbtools_offline.html.j2"
-OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-"""
-
-
 def offline_exporter():
-    """An nbconvert HTMLExporter whose pages load nothing from the network."""
-    from jinja2 import DictLoader
+    """An nbconvert HTMLExporter whose pages load nothing from the network (templates/nbtools_offline.html.j2: the
+    'lab' template without its remote scripts: require.js, MathJax, mermaid, widgets)."""
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(template_name="lab", template_file=OFFLINE_TEMPLATE_NAME,
-                        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})])
+    return HTMLExporter(template_name="lab", template_file=str(Path(__file__).with_name("templates") / "nbtools_offline.html.j2"))
 
 
 def render_index(report: RunReport, pages: dict[str, str] | None = None, anchors: dict[str, dict] | None = None,
