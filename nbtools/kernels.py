@@ -137,12 +137,6 @@ async def _kernel_info(kc) -> dict | None:
     return msg if await _next(kc.iopub_channel, 0.2) is not None else None
 
 
-def ipc_dir(run_root: Path) -> Path | None:
-    d = run_root / "k"
-    # a unix socket path holds at most 107 bytes: '<dir>/<n>-ipc-<port>'
-    return d if len(os.fsencode(str(d))) <= 90 else None
-
-
 async def shutdown(km, busy: bool) -> None:
     """Shut ``km``'s kernel down and close the channels of the clients it made.
 
@@ -173,7 +167,7 @@ class KernelsAhead:
     its end the kernels started ahead that no notebook used.
     """
 
-    def __init__(self, kernel: str, log_for, conn_dir: Path | None, env: dict | None = None):
+    def __init__(self, kernel: str, log_for, conn_dir: Path, env: dict | None = None):
         self.kernel = kernel
         self.log_for = log_for  # notebook path -> the file its kernel's own output goes to
         self.conn_dir = conn_dir
@@ -188,7 +182,9 @@ class KernelsAhead:
 
     def _manager(self):
         kw = {"kernel_name": self.kernel, "client_factory": RunnerKernelClient}
-        if self.conn_dir is not None:  # IPC: nothing listens on a port, and no "running over TCP" warning
+        # IPC (nothing listens on a port, and no "running over TCP" warning) where the folder leaves room for the
+        # socket's name: a unix socket path holds at most 107 bytes, '<conn_dir>/<n>-ipc-<port>'
+        if len(os.fsencode(str(self.conn_dir))) <= 90:
             self.conn_dir.mkdir(parents=True, exist_ok=True)
             kw.update(transport="ipc", connection_file=str(self.conn_dir / f"{next(_connection_numbers)}.json"))
         return RunnerKernelManager(**kw)

@@ -43,7 +43,7 @@ from packaging.requirements import Requirement
 from .doctor import REQUIREMENTS, series_requirements
 from .guarded import GUARDIAN, MARKER_ENV
 from .npusmi import parse_npu_smi
-from .proctree import existing, is_alive, marked, stop_from_top, terminate_then_kill
+from .proctree import existing, is_alive, marked, stop_from_top, terminate_then_kill, tops
 from .versions import direct_url
 from .workdir import WORK
 
@@ -112,9 +112,7 @@ def stop(launches: list[Launch]) -> list[int]:
     """Stop every process of these launches (each guardian first: it stops its own tree gracefully);
     returns the pids still alive afterwards (none, normally)."""
     procs = existing(p.pid for launch in launches for p in launch.processes)
-    guardians = {p.pid for launch in launches for p in launch.processes if p.role == "guardian"}
-    tops = [proc for proc in procs if proc.pid in guardians]
-    return stop_from_top(procs, tops)
+    return stop_from_top(procs, tops(procs))  # the tops: the guardians (the kernel above one carries no mark)
 
 
 def npu_smi_table(timeout: float = 20) -> dict | str | None:

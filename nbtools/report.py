@@ -92,17 +92,14 @@ TEMPLATES = jinja2.Environment(  # finalize: a missing value shows as nothing, n
 TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/": quote(str(text), safe=safe))
 
 
-def parameters_line(parameters: dict) -> str:
-    """The run's ``-p NAME=VALUE`` options, quoted as a shell takes them back (both reports show this)."""
-    return shell_line([word for name, value in parameters.items() for word in ("-p", f"{name}={value}")])
-
-
 def context(report: RunReport) -> dict:
-    """What both report templates read: the report, its device and the lines made from them."""
+    """What both report templates read: the report, its device and the lines made from them (``parameters``: the
+    run's ``-p NAME=VALUE`` options, quoted as a shell takes them back)."""
     dev, counts = report.device, status_counts(report)
+    options = [word for name, value in report.parameters.items() for word in ("-p", f"{name}={value}")]
     return {"report": report, "dev": dev, "device": device_line(dev), "counts": counts, "statuses": list(Status),
             "versions": ", ".join(f"{k} {v}" for k, v in (dev.get("versions") or {}).items() if v),
-            "parameters": parameters_line(report.parameters), "summary": summary_line(report)}
+            "parameters": shell_line(options), "summary": summary_line(report)}
 
 
 def write_junit(report: RunReport, path: Path) -> None:

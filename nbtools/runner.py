@@ -38,7 +38,7 @@ import nbformat
 from .checks import SEED_CHECKS, CheckResult, Here, Status, check_ids, judge_checks, unexecuted_cells, verdict
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
-from .kernels import KernelsAhead, ipc_dir
+from .kernels import KernelsAhead
 from .lang import msg, of_metadata
 from .params import convert_parameters, parameter_defaults
 from .proctree import Stopper
@@ -267,7 +267,7 @@ def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | No
         # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
         kernel_env = {CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")}
         kernels = stack.enter_context(
-            KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root), kernel_env)
+            KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), run_root / "k", kernel_env)
         )
         run = _Run(selected, report, info, output_dir, run_root, kernels, stopper, timeout, needs)
         for i, path in enumerate(notebooks, 1):
