@@ -38,16 +38,6 @@ def _proctree():
     return proctree
 
 
-def _become_subreaper() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 _keep: set[int] = set()  # the command itself: Popen reaps it, so that its exit status is not lost
 
 
@@ -146,7 +136,8 @@ def main(argv: list[str]) -> int:
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
-    _become_subreaper()
+    with contextlib.suppress(OSError, AttributeError):  # a child subreaper (Linux; elsewhere libc has no prctl)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
     try:  # start_new_session: its own process group, so that signals meant for us do not reach it half-way
         child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=1, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:

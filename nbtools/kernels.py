@@ -330,12 +330,6 @@ def install(spec: dict, name: str, prefix: str | Path | None = None, timeout: fl
     return Path(proc.stdout.strip().splitlines()[-1]) / "kernel.json"
 
 
-def preview(spec: dict) -> dict:
-    """The kernel.json `install` would write for ``spec`` (installed into a temporary prefix, read back)."""
-    with tempfile.TemporaryDirectory(prefix="nbtools-kernelspec-") as tmp:
-        return json.loads(install(spec, "preview", prefix=tmp).read_text())
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nbtools.kernels", description=__doc__.splitlines()[0])
     p.add_argument("set_env", nargs="?", help="the set_env.sh to source (default: this machine's, found as "
@@ -355,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"no CANN set_env.sh found (neither in {CANN_INSTALL_INFO} nor under /usr/local/Ascend): name it")
     spec = from_set_env(args.set_env, python=args.python, display_name=args.display_name,
                         template=not args.full_values)
-    if args.print:
-        print(json.dumps(preview(spec), indent=1))
+    if args.print:  # the kernel.json `install` would write: installed into a temporary prefix, read back
+        with tempfile.TemporaryDirectory(prefix="nbtools-kernelspec-") as tmp:
+            print(json.dumps(json.loads(install(spec, "preview", prefix=tmp).read_text()), indent=1))
         return 0
     path = install(spec, args.name, args.prefix)
     print(f"wrote {path}: restart nothing, pick '{args.display_name}' in Kernel > Change Kernel")
