@@ -147,12 +147,10 @@ def draw_device_map(device_map: Mapping[str, object], title: str = ""):
     return fig
 
 
-def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: Mapping[str, int] | None = None,
-                 title: str = ""):
+def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: Mapping[str, int], title: str = ""):
     """Bars: bytes placed on each device; a line at each device's budget (and at budget - reserve where given)."""
     import matplotlib.pyplot as plt
 
-    reserve = reserve or {}
     devices = list(dict.fromkeys([*map(str, budgets), *map(str, used)]))
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for j, dev in enumerate(devices):

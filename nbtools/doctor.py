@@ -100,8 +100,7 @@ def _python_row(version: str) -> Row:
 
 def _torch_rows(info: DeviceInfo) -> list[Row]:
     """torch, torch_npu and CANN: installed, matching each other, and as the quick-start had them."""
-    v = info.versions
-    torch_v, npu_v = v.get("torch"), v.get("torch_npu")
+    torch_v, npu_v = info.versions.get("torch"), info.versions.get("torch_npu")
     if not torch_v:
         rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: python tools/install.py --npu")]
     elif floors.below(torch_v, floors.TORCH):

@@ -120,8 +120,7 @@ def _watch(child: subprocess.Popen) -> tuple[str, bool]:
 
 
 def _report(status: dict) -> int:
-    sys.stderr.write(json.dumps(status) + "\n")
-    sys.stderr.flush()
+    print(json.dumps(status), file=sys.stderr, flush=True)
     return 0
 
 

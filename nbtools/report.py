@@ -117,8 +117,7 @@ def write_junit(report: RunReport, path: Path) -> None:
             ET.SubElement(case, "failure", message=xml_text(f"{c.status}: {c.reason}"))
         elif c.status == Status.SKIPPED:
             ET.SubElement(case, Status.SKIPPED, message=xml_text(c.reason))
-    totals = status_counts(report)["junit"]
-    for key, n in totals.items():  # tests, failures, skipped
+    for key, n in status_counts(report)["junit"].items():  # tests, failures, skipped
         suite.set(key, str(n))
     suite.set("errors", "0")
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
