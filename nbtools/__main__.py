@@ -12,12 +12,11 @@ import time
 from pathlib import Path
 
 from .checks import Status
-from .errors import LaunchError, LaunchTimeout, NbtoolsError
+from .errors import LaunchError, LaunchTimeout, NbtoolsError, ParameterError
 
 
 def _simulate(args) -> None:
     """--simulate-npu: this process and every process it starts see the simulated NPU (device.py)."""
-    from .errors import ParameterError
     from .simnpu_env import DEFAULT_CARDS, DEFAULT_SOC, environment, prepare_simnpu
 
     if not args.simulate_npu:
@@ -61,11 +60,11 @@ def _notebooks_here(args, default_output: Path) -> tuple[list[Path], Path, objec
 def _cmd_run(args) -> int:
     from . import report as report_mod
     from .params import parse_params
-    from .runner import run_notebooks
+    from .runner import NETWORK_ENV, run_notebooks
 
     params = parse_params(args.param)
     if args.network:  # read by the runner and by the kernels' needs
-        os.environ["NBTOOLS_NETWORK"] = "1"
+        os.environ[NETWORK_ENV] = "1"
     notebooks, out, info = _notebooks_here(args, Path("nbtools-output") / time.strftime("%Y%m%d-%H%M%S"))
     print(f"running {len(notebooks)} notebook(s) with kernel {args.kernel!r}; output: {out}")
     rep = run_notebooks(notebooks, out, params, kernel=args.kernel, timeout=args.timeout, keep_work=args.keep_work, info=info)
@@ -102,9 +101,22 @@ def _cmd_answers(args) -> int:
 
 
 def _cmd_ps(args) -> int:
-    from .ps import main as ps_main
+    """List (and with --kill stop) the live launches; LAUNCH_ID_OR_PID: only these (default: all)."""
+    from .npusmi import summary
+    from .ps import find, npu_smi_table, render, select, stop
 
-    return ps_main(kill=args.kill, wanted=args.which)
+    launches = select(find(), args.which)
+    print(render(launches))
+    table = npu_smi_table()
+    if table is not None:  # one line per chip, then who holds an NPU (as it came, in a layout the parser does not know)
+        print("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + (summary(table) if isinstance(table, dict) else table))
+    if not args.kill or not launches:
+        return 0
+    if left := stop(launches):
+        print(f"could not stop pid(s) {', '.join(map(str, left))} (another user's? try `kill -9` as that user)")
+        return 1
+    print(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")
+    return 0
 
 
 def _cmd_check(args) -> int:
@@ -127,9 +139,11 @@ def _cmd_reset(args) -> int:
 
 
 def _cmd_doctor(args) -> int:
-    from .doctor import main as doctor_main
+    from .doctor import FAIL, diagnose, render
 
-    return doctor_main()
+    rows = diagnose()
+    print(render(rows))
+    return 1 if any(r.status == FAIL for r in rows) else 0
 
 
 def _cmd_report(args) -> int:
@@ -171,10 +185,12 @@ def _simulation_options() -> argparse.ArgumentParser:
 
 
 def _notebook_run_options(p: argparse.ArgumentParser, default_output: str) -> None:
+    from .run_results import CELL_TIMEOUT_S, DEFAULT_KERNEL
+
     p.add_argument("notebooks", nargs="*", help="notebook files or folders (default: notebooks/)")
     p.add_argument("--output", help=f"output dir (default: {default_output})")
-    p.add_argument("--timeout", type=float, default=1800, help="per-cell timeout in seconds (default 1800)")
-    p.add_argument("--kernel", default="python3", help="Jupyter kernel name, as `jupyter kernelspec list` shows it "
+    p.add_argument("--timeout", type=float, default=CELL_TIMEOUT_S, help=f"per-cell timeout in seconds (default {CELL_TIMEOUT_S})")
+    p.add_argument("--kernel", default=DEFAULT_KERNEL, help="Jupyter kernel name, as `jupyter kernelspec list` shows it "
                    "(ModelArts names kernels per engine); the device is probed with that kernel's own interpreter")
 
 

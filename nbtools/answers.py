@@ -68,15 +68,6 @@ def answer_blocks(exercise_md: str, lang: str = "zh") -> list[str]:
     return [textwrap.dedent(m.group(1)).rstrip("\n") + "\n" for m in _FENCE.finditer(answer)]
 
 
-def _indented(source: str, replaced: str, code: str) -> str:
-    """``code`` to put where ``replaced`` starts: a match that starts an indented line gives the code's
-    further lines that indentation too (a learner's block pasted into a loop body)."""
-    at = source.index(replaced)
-    indent = source[source.rfind("\n", 0, at) + 1 : at]
-    indent = indent if not indent.strip() else ""
-    return textwrap.indent(code.rstrip("\n"), indent).removeprefix(indent)  # the first line goes where the match was
-
-
 def _one(cells, text: str, kind: str | None = "code"):
     found = [c for c in cells if (kind is None or c.cell_type == kind) and text in c.source]
     if len(found) != 1:
@@ -98,9 +89,14 @@ def apply(nb, spec: dict, blocks: list[str]) -> None:
             continue
         cell = _one(nb.cells, edit["cell"])
         if "replace" in edit:
-            if edit["replace"] not in cell.source:
+            if (at := cell.source.find(edit["replace"])) < 0:
                 raise ParameterError(f"{edit['replace']!r} is not in the cell any more")
-            cell.source = cell.source.replace(edit["replace"], _indented(cell.source, edit["replace"], code), 1)
+            # a match that starts an indented line gives the code's further lines that indentation too (a learner's
+            # block pasted into a loop body); the first line goes where the match was
+            indent = cell.source[cell.source.rfind("\n", 0, at) + 1 : at]
+            indent = indent if not indent.strip() else ""
+            code = textwrap.indent(code.rstrip("\n"), indent).removeprefix(indent)
+            cell.source = cell.source.replace(edit["replace"], code, 1)
         else:
             lines = cell.source.split("\n")
             at = [i for i, line in enumerate(lines) if edit["after"] in line]

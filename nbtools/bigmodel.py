@@ -41,7 +41,7 @@ import psutil
 
 from .commands import split_targets as split_targets
 from .errors import NbtoolsError
-from .ranks import EDGE
+from .ranks import EDGE, RANK_COLORS
 
 
 def _program(text: str) -> str:
@@ -115,8 +115,8 @@ def program_device_map(text: str) -> dict:
     return namespace["device_map"]
 
 
-DEVICE_COLORS = {"cpu": "#fde2b8", "disk": "#d9d9d9", "meta": "#ffffff"}
-ACCEL_COLORS = ("#cfe0f5", "#d9ead3", "#ead1dc", "#d0e0e3")
+DEVICE_COLORS = {"cpu": RANK_COLORS[1], "disk": "#d9d9d9", "meta": "#ffffff"}
+ACCEL_COLORS = (RANK_COLORS[0], *RANK_COLORS[2:5])  # the ranks' palette, less the colour the CPU has here
 SHORT = {"model.embed_tokens": "emb", "model.norm": "norm", "lm_head": "head", "model.rotary_emb": "rope"}
 
 
@@ -147,12 +147,10 @@ def draw_device_map(device_map: Mapping[str, object], title: str = ""):
     return fig
 
 
-def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: Mapping[str, int] | None = None,
-                 title: str = ""):
+def draw_budgets(used: Mapping[str, int], budgets: Mapping[str, int], reserve: Mapping[str, int], title: str = ""):
     """Bars: bytes placed on each device; a line at each device's budget (and at budget - reserve where given)."""
     import matplotlib.pyplot as plt
 
-    reserve = reserve or {}
     devices = list(dict.fromkeys([*map(str, budgets), *map(str, used)]))
     fig, ax = plt.subplots(figsize=(6.4, 3.4))
     for j, dev in enumerate(devices):

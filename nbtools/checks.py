@@ -100,10 +100,6 @@ NEEDS = ("npu", "real-npu", "accelerator", "cpu", "cards=N", "processes=N", "net
          "param=NAME")
 
 
-def needs_of(tags) -> list[str]:
-    return check_ids(tags, NEEDS_PREFIX)
-
-
 @dataclass(frozen=True)
 class Here:
     """What a check's needs are weighed against: the probe of the run's environment and the notebook's parameters."""
@@ -138,7 +134,7 @@ class Here:
         differs from it fails, saying why (in ``lang``, the notebook's)."""
         if status not in (Status.PASSED, Status.SKIPPED):
             return status, reason
-        needs = needs_of(tags)
+        needs = check_ids(tags, NEEDS_PREFIX)
         try:
             unmet = [n for n in needs if not self.meets(n)]
         except ParameterError as exc:

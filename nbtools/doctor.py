@@ -100,8 +100,7 @@ def _python_row(version: str) -> Row:
 
 def _torch_rows(info: DeviceInfo) -> list[Row]:
     """torch, torch_npu and CANN: installed, matching each other, and as the quick-start had them."""
-    v = info.versions
-    torch_v, npu_v = v.get("torch"), v.get("torch_npu")
+    torch_v, npu_v = info.versions.get("torch"), info.versions.get("torch_npu")
     if not torch_v:
         rows = [Row("torch", "not installed", FAIL, "CPU: pip install torch; NPU: python tools/install.py --npu")]
     elif floors.below(torch_v, floors.TORCH):
@@ -229,9 +228,3 @@ def render(rows: list[Row]) -> str:
     out += ["", f"{len(blocking)} blocking problem(s): fix the FAIL lines above, then run again." if blocking
             else "No blocking problem: `python -m nbtools run` can start."]
     return "\n".join(out)
-
-
-def main() -> int:
-    rows = diagnose()
-    print(render(rows))
-    return 1 if any(r.status == FAIL for r in rows) else 0

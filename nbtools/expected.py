@@ -19,12 +19,12 @@ from .lang import msg
 ANY_LINES = "..."
 IN_LINE = "xxx"
 
-_KEY = r"[A-Za-z_][\w.\-]*"
-_PAIR = re.compile(rf"({_KEY})=(.*?)(?=\s+{_KEY}=|\s*$)")
+KEY = r"[A-Za-z_][\w.\-]*"  # a key of a key=value line (ranks.block_keys reads the same)
+_PAIR = re.compile(rf"({KEY})=(.*?)(?=\s+{KEY}=|\s*$)")
 # What torch elastic puts before each line of a rank (`--tee`, `--role`): [rank1]: / [default0]:
 RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:\s?")
-_KV_LINE = re.compile(rf"^\s*{_KEY}=.*$")
-_COLON_LINE = re.compile(rf"^\s*({_KEY}):\s+(\S.*?)\s*$")  # `is_available: True` (one pair a line)
+_KV_LINE = re.compile(rf"^\s*{KEY}=.*$")
+_COLON_LINE = re.compile(rf"^\s*({KEY}):\s+(\S.*?)\s*$")  # `is_available: True` (one pair a line)
 
 
 def _lines(text: str) -> list[str]:

@@ -38,16 +38,6 @@ def _proctree():
     return proctree
 
 
-def _become_subreaper() -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
 _keep: set[int] = set()  # the command itself: Popen reaps it, so that its exit status is not lost
 
 
@@ -129,21 +119,8 @@ def _watch(child: subprocess.Popen) -> tuple[str, bool]:
     return "", False
 
 
-def _start(argv: list[str]) -> subprocess.Popen:
-    # start_new_session: its own process group, so that signals meant for us do not reach it half-way
-    child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=1, stderr=subprocess.STDOUT, start_new_session=True)
-    _keep.add(child.pid)
-    # Drop our own copy of the output pipe: the starter sees end-of-file as soon as the
-    # command and its descendants are gone, without waiting for our bookkeeping.
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
-    os.close(devnull)
-    return child
-
-
 def _report(status: dict) -> int:
-    sys.stderr.write(json.dumps(status) + "\n")
-    sys.stderr.flush()
+    print(json.dumps(status), file=sys.stderr, flush=True)
     return 0
 
 
@@ -158,15 +135,23 @@ def main(argv: list[str]) -> int:
         return 2
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, _on_signal)
-    _become_subreaper()
-    try:
-        child = _start(argv)
+    with contextlib.suppress(OSError, AttributeError):  # a child subreaper (Linux; elsewhere libc has no prctl)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    try:  # start_new_session: its own process group, so that signals meant for us do not reach it half-way
+        child = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=1, stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         return _report({"returncode": 127, "killed": [], "reason": f"cannot start `{argv[0]}`: {exc}"})
+    _keep.add(child.pid)
+    # Drop our own copy of the output pipe: the starter sees end-of-file as soon as the
+    # command and its descendants are gone, without waiting for our bookkeeping.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
     reason, at_once = _watch(child)
     killed: list[int] = []
+    grace = _proctree().GRACE if grace is None else grace
     if reason:
-        killed = stop_all(0.0 if at_once else _proctree().GRACE if grace is None else grace)
+        killed = stop_all(0.0 if at_once else grace)
         with contextlib.suppress(subprocess.TimeoutExpired):
             child.wait(timeout=5)
     elif _proctree().descendants():  # the command ended: stop anything it left behind (it may hold the output pipe)

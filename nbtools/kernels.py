@@ -7,7 +7,7 @@ variables. Papermill gets the started manager (``execute_notebook(km=...)``); nb
 the managers it made, so ``KernelsAhead.close`` shuts each notebook's kernel down (idle: request_shutdown,
 finish_shutdown, cleanup_resources, which log no "KeyboardInterrupt caught in kernel"; busy:
 ``shutdown_kernel(now=True)``) and ``KernelsAhead`` shuts down at its end the kernels no notebook used.
-All of it is jupyter_client's public API. ``runner_kernel_client`` does not wait for jupyter_client's
+All of it is jupyter_client's public API. ``RunnerKernelClient`` does not wait for jupyter_client's
 0.2 s of IOPub silence once the kernel answered: nbclient takes from IOPub only what answers its cell.
 
 The kernel spec: on ModelArts or a JupyterHub no shell of yours runs before JupyterLab, so ``source
@@ -35,12 +35,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from queue import Empty
 
+from jupyter_client import AsyncKernelClient, AsyncKernelManager, protocol_version_info
+from jupyter_core.utils import run_sync
+
 from .errors import NbtoolsError
+from .workdir import SESSION_ENV, UNATTENDED_ENV
 
 # What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
-# reads NBTOOLS_UNATTENDED (a private temporary folder, removed at the end); the other two make
+# reads UNATTENDED_ENV (a private temporary folder, removed at the end); the other two make
 # the kernel and every Python it starts write and read UTF-8 whatever the locale (LANG=C, GBK).
-KERNEL_ENV = {"NBTOOLS_UNATTENDED": "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
+KERNEL_ENV = {UNATTENDED_ENV: "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1"}
 # nbclient's own rule for the kernels it starts: no IPython history database written.
 IPYKERNEL_ARGS = ["--HistoryManager.hist_file=:memory:"]
 # A kernel started ahead imports the plotting library while the notebook before it runs. A block,
@@ -78,50 +82,41 @@ class KernelState:
 _connection_numbers = itertools.count()  # unique in this process: a kernel ahead runs beside the current one
 
 
-def runner_kernel_manager() -> type:
-    """jupyter_client's AsyncKernelManager that keeps the clients it made (nbclient's, through
-    ``client()``), so that their channels are closed with the kernel: nbclient leaves them open
-    when it was handed the manager."""
-    from jupyter_client import AsyncKernelManager
+class RunnerKernelManager(AsyncKernelManager):
+    """jupyter_client's AsyncKernelManager that keeps the clients it made (nbclient's, through ``client()``), so that
+    their channels are closed with the kernel: nbclient leaves them open when it was handed the manager."""
 
-    class RunnerKernelManager(AsyncKernelManager):
-        def __init__(self, **kw):
-            super().__init__(**kw)
-            self.clients: list = []
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.clients: list = []
 
-        def client(self, **kw):
-            kc = super().client(**kw)
-            self.clients.append(kc)
-            return kc
-
-    return RunnerKernelManager
+    def client(self, **kw):
+        kc = super().client(**kw)
+        self.clients.append(kc)
+        return kc
 
 
-def runner_kernel_client() -> type:
-    """jupyter_client's AsyncKernelClient whose ``wait_for_ready`` returns once the kernel answered
-    ``kernel_info`` on shell and IOPub (jupyter_client then also waits for 0.2 s of silence)."""
-    from jupyter_client import AsyncKernelClient, protocol_version_info
+class RunnerKernelClient(AsyncKernelClient):
+    """jupyter_client's AsyncKernelClient whose ``wait_for_ready`` returns once the kernel answered ``kernel_info`` on
+    shell and IOPub (jupyter_client then also waits for 0.2 s of silence)."""
 
-    class RunnerKernelClient(AsyncKernelClient):
-        async def wait_for_ready(self, timeout: float | None = None) -> None:
-            deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
-            while (reply := await _kernel_info(self)) is None:
-                if not await self.is_alive():
-                    raise RuntimeError("Kernel died before replying to kernel_info")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
-            self.adapt_protocol(reply)
-            # drop what is queued now (the request's other status message); wait for nothing
-            while await _next(self.iopub_channel, 0.01) is not None:
-                pass
+    async def wait_for_ready(self, timeout: float | None = None) -> None:
+        deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
+        while (reply := await _kernel_info(self)) is None:
+            if not await self.is_alive():
+                raise RuntimeError("Kernel died before replying to kernel_info")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"Kernel didn't respond in {timeout:.0f} seconds")
+        self.adapt_protocol(reply)
+        # drop what is queued now (the request's other status message); wait for nothing
+        while await _next(self.iopub_channel, 0.01) is not None:
+            pass
 
-        def adapt_protocol(self, reply: dict) -> None:
-            """Speak the kernel's major protocol version, as jupyter_client does on kernel_info_reply."""
-            major = int(reply["content"].get("protocol_version", "5").split(".")[0])
-            if major != protocol_version_info[0]:
-                self.session.adapt_version = major
-
-    return RunnerKernelClient
+    def adapt_protocol(self, reply: dict) -> None:
+        """Speak the kernel's major protocol version, as jupyter_client does on kernel_info_reply."""
+        major = int(reply["content"].get("protocol_version", "5").split(".")[0])
+        if major != protocol_version_info[0]:
+            self.session.adapt_version = major
 
 
 async def _next(channel, timeout: float) -> dict | None:
@@ -140,12 +135,6 @@ async def _kernel_info(kc) -> dict | None:
     if msg is None or msg["msg_type"] != "kernel_info_reply":
         return None
     return msg if await _next(kc.iopub_channel, 0.2) is not None else None
-
-
-def ipc_dir(run_root: Path) -> Path | None:
-    d = run_root / "k"
-    # a unix socket path holds at most 107 bytes: '<dir>/<n>-ipc-<port>'
-    return d if len(os.fsencode(str(d))) <= 90 else None
 
 
 async def shutdown(km, busy: bool) -> None:
@@ -178,7 +167,7 @@ class KernelsAhead:
     its end the kernels started ahead that no notebook used.
     """
 
-    def __init__(self, kernel: str, log_for, conn_dir: Path | None, env: dict | None = None):
+    def __init__(self, kernel: str, log_for, conn_dir: Path, env: dict | None = None):
         self.kernel = kernel
         self.log_for = log_for  # notebook path -> the file its kernel's own output goes to
         self.conn_dir = conn_dir
@@ -192,11 +181,13 @@ class KernelsAhead:
         self.discard()
 
     def _manager(self):
-        kw = {"kernel_name": self.kernel, "client_factory": runner_kernel_client()}
-        if self.conn_dir is not None:  # IPC: nothing listens on a port, and no "running over TCP" warning
+        kw = {"kernel_name": self.kernel, "client_factory": RunnerKernelClient}
+        # IPC (nothing listens on a port, and no "running over TCP" warning) where the folder leaves room for the
+        # socket's name: a unix socket path holds at most 107 bytes, '<conn_dir>/<n>-ipc-<port>'
+        if len(os.fsencode(str(self.conn_dir))) <= 90:
             self.conn_dir.mkdir(parents=True, exist_ok=True)
             kw.update(transport="ipc", connection_file=str(self.conn_dir / f"{next(_connection_numbers)}.json"))
-        return runner_kernel_manager()(**kw)
+        return RunnerKernelManager(**kw)
 
     def start(self, path: Path, warm: bool = False) -> None:
         """Start ``path``'s kernel now, in the notebook's folder and told its path as JupyterLab 4 tells it
@@ -205,12 +196,10 @@ class KernelsAhead:
         stderr (ipykernel's log) go to ``log_for(path)``, not the terminal."""
         if path in self._started:
             return
-        from jupyter_core.utils import run_sync
-
         km = self._manager()
         args = [*IPYKERNEL_ARGS, f"--IPKernelApp.exec_lines={WARM_UP}"] if warm else IPYKERNEL_ARGS
         with open(self.log_for(path), "wb") as log:  # the kernel process keeps its own copy of the file
-            run_sync(km.start_kernel)(cwd=str(path.parent), env={**os.environ, **self.env, "JPY_SESSION_NAME": str(path)},
+            run_sync(km.start_kernel)(cwd=str(path.parent), env={**os.environ, **self.env, SESSION_ENV: str(path)},
                                       stdout=log, stderr=subprocess.STDOUT, extra_arguments=args if km.ipykernel else [])
         self._started[path] = KernelState(km)
 
@@ -236,8 +225,6 @@ class KernelsAhead:
     def close(self, state: KernelState) -> None:
         """Shut down the kernel a notebook ran in (`shutdown`); a cell still running, or a stop
         signal, makes it an interrupt and a kill."""
-        from jupyter_core.utils import run_sync
-
         run_sync(shutdown)(state.km, busy=state.busy or state.stopping)
 
     def discard(self) -> None:
@@ -343,12 +330,6 @@ def install(spec: dict, name: str, prefix: str | Path | None = None, timeout: fl
     return Path(proc.stdout.strip().splitlines()[-1]) / "kernel.json"
 
 
-def preview(spec: dict) -> dict:
-    """The kernel.json `install` would write for ``spec`` (installed into a temporary prefix, read back)."""
-    with tempfile.TemporaryDirectory(prefix="nbtools-kernelspec-") as tmp:
-        return json.loads(install(spec, "preview", prefix=tmp).read_text())
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m nbtools.kernels", description=__doc__.splitlines()[0])
     p.add_argument("set_env", nargs="?", help="the set_env.sh to source (default: this machine's, found as "
@@ -368,8 +349,9 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"no CANN set_env.sh found (neither in {CANN_INSTALL_INFO} nor under /usr/local/Ascend): name it")
     spec = from_set_env(args.set_env, python=args.python, display_name=args.display_name,
                         template=not args.full_values)
-    if args.print:
-        print(json.dumps(preview(spec), indent=1))
+    if args.print:  # the kernel.json `install` would write: installed into a temporary prefix, read back
+        with tempfile.TemporaryDirectory(prefix="nbtools-kernelspec-") as tmp:
+            print(json.dumps(json.loads(install(spec, "preview", prefix=tmp).read_text()), indent=1))
         return 0
     path = install(spec, args.name, args.prefix)
     print(f"wrote {path}: restart nothing, pick '{args.display_name}' in Kernel > Change Kernel")

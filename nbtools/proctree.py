@@ -86,25 +86,15 @@ def remember(pid: int, known: dict[int, psutil.Process]) -> None:
             known.setdefault(child.pid, child)
 
 
-def signal_group(pid: int, sig: int) -> None:
-    """``sig`` to the process group ``pid`` leads (a kernel runs in its own session), else to ``pid``."""
-    try:
-        os.killpg(os.getpgid(pid), sig)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.kill(pid, sig)
-
-
-def stop_from_top(procs, tops, grace: float | None = None) -> list[int]:
+def stop_from_top(procs, tops) -> list[int]:
     """Stop processes whose ``tops`` stop their own trees (guardians): SIGTERM to the tops, up to
-    ``grace`` + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
+    GRACE + 3 s for everything to end, then `terminate_then_kill` what is left (no top, or a
     wedged one). Returns the pids still alive afterwards (none, normally)."""
     procs, tops = list(procs), list(tops)
     for top in tops:
         _signal(top, signal.SIGTERM)
-    grace = GRACE if grace is None else grace
-    alive = _wait(procs, grace + 3 if tops else 0.1, reap=True)
-    terminate_then_kill(alive, grace)
+    alive = _wait(procs, GRACE + 3 if tops else 0.1, reap=True)
+    terminate_then_kill(alive)
     return [p.pid for p in alive if is_alive(p)]
 
 
@@ -305,8 +295,13 @@ class Stopper:
         return pid
 
     def _signal_kernel(self, sig: int) -> None:
-        if (pid := self._remember()) is not None:  # noted first: a kernel killed takes its tree's links with it
-            signal_group(pid, sig)  # the kernel runs in its own session
+        if (pid := self._remember()) is None:  # noted first: a kernel killed takes its tree's links with it
+            return
+        try:
+            os.killpg(os.getpgid(pid), sig)  # the kernel runs in its own session: its process group
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.kill(pid, sig)
 
     @contextlib.contextmanager
     def watching(self, state):

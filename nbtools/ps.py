@@ -42,9 +42,10 @@ from packaging.requirements import Requirement
 
 from .doctor import REQUIREMENTS, series_requirements
 from .guarded import GUARDIAN, MARKER_ENV
-from .npusmi import parse_npu_smi, summary
-from .proctree import existing, is_alive, marked, stop_from_top, terminate_then_kill
+from .npusmi import parse_npu_smi
+from .proctree import existing, is_alive, marked, stop_from_top, terminate_then_kill, tops
 from .versions import direct_url
+from .workdir import WORK
 
 
 @dataclass
@@ -107,13 +108,11 @@ def render(launches: list[Launch], width: int = 110) -> str:
     return "\n".join(lines)
 
 
-def stop(launches: list[Launch], grace: float | None = None) -> list[int]:
+def stop(launches: list[Launch]) -> list[int]:
     """Stop every process of these launches (each guardian first: it stops its own tree gracefully);
     returns the pids still alive afterwards (none, normally)."""
     procs = existing(p.pid for launch in launches for p in launch.processes)
-    guardians = {p.pid for launch in launches for p in launch.processes if p.role == "guardian"}
-    tops = [proc for proc in procs if proc.pid in guardians]
-    return stop_from_top(procs, tops, grace)
+    return stop_from_top(procs, tops(procs))  # the tops: the guardians (the kernel above one carries no mark)
 
 
 def npu_smi_table(timeout: float = 20) -> dict | str | None:
@@ -138,25 +137,6 @@ def select(launches: list[Launch], wanted=()) -> list[Launch]:
         return launches
     keys = {str(w) for w in wanted}
     return [g for g in launches if keys & {g.id, str(g.starter_pid), *(str(p.pid) for p in g.processes)}]
-
-
-def main(kill: bool = False, out=print, wanted=()) -> int:
-    """List (and with ``kill`` stop) the live launches; ``wanted``: only these ids / pids (default: all)."""
-    launches = select(find(), wanted)
-    out(render(launches))
-    table = npu_smi_table()
-    if table is not None:  # one line per chip, then who holds an NPU (as it came, in a layout the parser does not know)
-        out("\nnpu-smi info (processes holding an NPU, whoever started them):\n" + (summary(table) if isinstance(table, dict) else table))
-    if not kill or not launches:
-        return 0
-    if left := stop(launches):
-        out(f"could not stop pid(s) {', '.join(map(str, left))} (another user's? try `kill -9` as that user)")
-        return 1
-    out(f"stopped {sum(len(g.processes) for g in launches)} process(es) of {len(launches)} launch(es)")
-    return 0
-
-
-WORK = "work"  # the folder the notebooks' interactive work folders live in (session._work_dir)
 
 
 def accelerate_requirement() -> Requirement:

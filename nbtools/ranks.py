@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 
-from .expected import ANY_LINES, RANK_PREFIX, assert_matches
+from .expected import ANY_LINES, KEY, RANK_PREFIX, assert_matches
 from .lang import msg
 
-_KEY = re.compile(r"^\s*([A-Za-z_][\w.\-]*)=")
+_KEY = re.compile(rf"^\s*({KEY})=")
 
 
 def block_keys(block: str) -> list[str]:

@@ -9,8 +9,8 @@ check, linked to the executed notebooks rendered as HTML with nbconvert.
 Everything is self-contained, so the report opens from a CI artifact or a file:// URL on a
 machine without network: inline CSS, no script, nothing fetched. nbconvert's 'lab' template
 loads require.js, MathJax and mermaid from cdnjs (and the widget renderer from a CDN when
-a notebook has widget state); the template below keeps its inlined CSS and drops those
-blocks. LaTeX in markdown then shows as source, which these notebooks do not use.
+a notebook has widget state); templates/nbtools_offline.html.j2 keeps its inlined CSS and drops
+those blocks. LaTeX in markdown then shows as source, which these notebooks do not use.
 
 The data model they write (RunReport and its parts) is run_results.py's: runner.py fills it, this module writes it out.
 """
@@ -43,9 +43,9 @@ def counted(counts: dict) -> str:
     return ", ".join(f"{n} {s}" for s, n in counts.items())
 
 
-def summary_line(report: RunReport, counts: dict | None = None) -> str:
+def summary_line(report: RunReport) -> str:
     """'PASSED: 11 passed, 1 skipped checks; 7/7 notebooks passed in 312.4 s' (the CLI's last line)."""
-    counts = counts or status_counts(report)
+    counts = status_counts(report)
     checks = counted(counts["checks"]) or "no"
     passed = counts["notebooks"].get(Status.PASSED, 0)
     simulated = " on the simulated NPU (code paths and wiring, not the hardware)" if report.device.get("simulated") else ""
@@ -63,9 +63,8 @@ def verdict_table(report: RunReport, output_dir: Path) -> str:
     width = max([5] + [len(r[1]) for r in rows])
     lines = [f"{'status':<8}  {'check':<{width}}  notebook: reason"]
     lines += [f"{s:<8}  {i:<{width}}  {nb or '-'}: {' / '.join(str(why).splitlines())}" for s, i, nb, why in rows]
-    versions = ", ".join(f"{k} {v}" for k, v in (report.device.get("versions") or {}).items() if v)
-    where = f"report.json: {(output_dir / 'report.json').resolve()}"
-    return "\n".join([*lines, f"device: {device_line(report.device)}", f"versions: {versions}",
+    ctx, where = context(report), f"report.json: {(output_dir / 'report.json').resolve()}"
+    return "\n".join([*lines, f"device: {ctx['device']}", f"versions: {ctx['versions']}",
                       f"{where} (under Ascend's examples guard only this log and the exit status come back)"])
 
 
@@ -93,17 +92,14 @@ TEMPLATES = jinja2.Environment(  # finalize: a missing value shows as nothing, n
 TEMPLATES.filters.update(cell=_cell, counted=counted, url=lambda text, safe="/": quote(str(text), safe=safe))
 
 
-def parameters_line(parameters: dict) -> str:
-    """The run's ``-p NAME=VALUE`` options, quoted as a shell takes them back (both reports show this)."""
-    return shell_line([word for name, value in parameters.items() for word in ("-p", f"{name}={value}")])
-
-
 def context(report: RunReport) -> dict:
-    """What both report templates read: the report, its device and the lines made from them."""
+    """What both report templates read: the report, its device and the lines made from them (``parameters``: the
+    run's ``-p NAME=VALUE`` options, quoted as a shell takes them back)."""
     dev, counts = report.device, status_counts(report)
+    options = [word for name, value in report.parameters.items() for word in ("-p", f"{name}={value}")]
     return {"report": report, "dev": dev, "device": device_line(dev), "counts": counts, "statuses": list(Status),
             "versions": ", ".join(f"{k} {v}" for k, v in (dev.get("versions") or {}).items() if v),
-            "parameters": parameters_line(report.parameters), "summary": summary_line(report, counts)}
+            "parameters": shell_line(options), "summary": summary_line(report)}
 
 
 def write_junit(report: RunReport, path: Path) -> None:
@@ -121,8 +117,7 @@ def write_junit(report: RunReport, path: Path) -> None:
             ET.SubElement(case, "failure", message=xml_text(f"{c.status}: {c.reason}"))
         elif c.status == Status.SKIPPED:
             ET.SubElement(case, Status.SKIPPED, message=xml_text(c.reason))
-    totals = status_counts(report)["junit"]
-    for key, n in totals.items():  # tests, failures, skipped
+    for key, n in status_counts(report)["junit"].items():  # tests, failures, skipped
         suite.set(key, str(n))
     suite.set("errors", "0")
     ET.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
@@ -159,61 +154,12 @@ def write_all(report: RunReport, output_dir: Path) -> list[Path]:
     return paths
 
 
-INDEX = "index.html"
-
-# nbconvert's 'lab' template without its remote scripts (require.js, MathJax, mermaid, widgets).
-OFFLINE_TEMPLATE_NAME = "nbtools_offline.html.j2"
-OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
-{%- block html_head_js -%}{%- endblock html_head_js -%}
-{%- block jupyter_widgets -%}{%- endblock jupyter_widgets -%}
-{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
-{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
-"""
-
-
 def offline_exporter():
-    """An nbconvert HTMLExporter whose pages load nothing from the network."""
-    from jinja2 import DictLoader
+    """An nbconvert HTMLExporter whose pages load nothing from the network (templates/nbtools_offline.html.j2: the
+    'lab' template without its remote scripts: require.js, MathJax, mermaid, widgets)."""
     from nbconvert import HTMLExporter
 
-    return HTMLExporter(template_name="lab", template_file=OFFLINE_TEMPLATE_NAME,
-                        extra_loaders=[DictLoader({OFFLINE_TEMPLATE_NAME: OFFLINE_TEMPLATE})])
-
-
-def check_anchors(nb) -> dict[str, str]:
-    """check id -> the HTML anchor of its (first) assertion cell in the nbconvert page (``cell-id=<id>``)."""
-    return {cid: f"cell-id={cell.id}" for cell in reversed(nb.cells) if cell.get("id")
-            for cid in check_ids(cell.get("metadata", {}).get("tags"))}
-
-
-def render_notebooks(report: RunReport, output_dir: Path) -> tuple[dict[str, str], dict[str, dict], list[str]]:
-    """Write NN_x.html beside each executed notebook.
-
-    Returns (notebook path -> page file name, notebook path -> {check id: anchor}, notes on
-    what could not be rendered). A rendering problem never fails the run: the index then
-    links the .ipynb instead and says why.
-    """
-    pages, anchors, notes = {}, {}, []
-    executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
-    if not executed:
-        return pages, anchors, notes
-    try:
-        exporter = offline_exporter()
-    except Exception as exc:  # ImportError without nbconvert, or a template problem
-        notes.append(f"notebook pages not rendered ({type(exc).__name__}: {exc}); pip install nbconvert")
-        return pages, anchors, notes
-    for n, ipynb in executed:
-        page = ipynb.with_suffix(".html")
-        try:
-            nb = nbformat.read(ipynb, as_version=4)
-            anchors[n.path] = check_anchors(nb)
-            body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
-            page.write_text(body, encoding="utf-8")
-        except Exception as exc:
-            notes.append(f"{n.output}: not rendered as HTML ({type(exc).__name__}: {exc})")
-            continue
-        pages[n.path] = page.name
-    return pages, anchors, notes
+    return HTMLExporter(template_name="lab", template_file=str(Path(__file__).with_name("templates") / "nbtools_offline.html.j2"))
 
 
 def render_index(report: RunReport, pages: dict[str, str] | None = None, anchors: dict[str, dict] | None = None,
@@ -225,12 +171,27 @@ def render_index(report: RunReport, pages: dict[str, str] | None = None, anchors
 
 
 def write_html(report: RunReport, output_dir: Path) -> list[Path]:
-    """Write index.html and NN_x.html per executed notebook into output_dir.
-
-    Returns [index.html, the notebook pages...].
-    """
-    output_dir = Path(output_dir)
-    pages, anchors, notes = render_notebooks(report, output_dir)
-    index = output_dir / INDEX
+    """Write index.html and NN_x.html beside each executed notebook into output_dir; returns [index.html, the notebook
+    pages...]. A rendering problem never fails the run: the index then links the .ipynb instead and says why."""
+    output_dir, pages, anchors, notes = Path(output_dir), {}, {}, []
+    executed = [(n, output_dir / n.output) for n in report.notebooks if n.output and (output_dir / n.output).is_file()]
+    try:
+        exporter = offline_exporter() if executed else None
+    except Exception as exc:  # ImportError without nbconvert, or a template problem
+        notes.append(f"notebook pages not rendered ({type(exc).__name__}: {exc}); pip install nbconvert")
+        executed = []
+    for n, ipynb in executed:
+        page = ipynb.with_suffix(".html")
+        try:
+            nb = nbformat.read(ipynb, as_version=4)  # each check's anchor: its (first) cell in the page, cell-id=<id>
+            anchors[n.path] = {cid: f"cell-id={cell.id}" for cell in reversed(nb.cells) if cell.get("id")
+                               for cid in check_ids(cell.get("metadata", {}).get("tags"))}
+            body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": ipynb.stem}})
+            page.write_text(body, encoding="utf-8")
+        except Exception as exc:
+            notes.append(f"{n.output}: not rendered as HTML ({type(exc).__name__}: {exc})")
+            continue
+        pages[n.path] = page.name
+    index = output_dir / "index.html"
     index.write_text(render_index(report, pages, anchors, notes), encoding="utf-8")
     return [index, *(output_dir / p for p in pages.values())]

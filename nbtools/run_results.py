@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from .checks import CheckResult, Status, strip_ansi
 
 DEFAULT_KERNEL = "python3"
+CELL_TIMEOUT_S = 1800  # how long one cell may run, unless `run --timeout` says otherwise
 
 
 @dataclass

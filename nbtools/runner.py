@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
@@ -39,15 +38,16 @@ import nbformat
 from .checks import SEED_CHECKS, CheckResult, Here, Status, check_ids, judge_checks, unexecuted_cells, verdict
 from .device import CACHE_ENV, DeviceInfo, detect, from_probe, run_probe
 from .errors import ParameterError
-from .kernels import KernelsAhead, ipc_dir
+from .kernels import KernelsAhead
 from .lang import msg, of_metadata
 from .params import convert_parameters, parameter_defaults
 from .proctree import Stopper
-from .run_results import DEFAULT_KERNEL, Failure, NotebookResult, RunReport
+from .run_results import CELL_TIMEOUT_S, DEFAULT_KERNEL, Failure, NotebookResult, RunReport
 
 # NN_slug.ipynb, and NNx_slug.ipynb for a part that follows NN (01b_... after 01_...).
 SERIES_GLOB = "[0-9][0-9]*_*.ipynb"
 KERNEL_LOG = "{stem}.kernel.log"  # in the output dir: the kernel process' own stdout/stderr
+NETWORK_ENV = "NBTOOLS_NETWORK"  # "1": the run may reach beyond the package registries (`run --network`)
 
 
 def default_notebooks_dir() -> Path:
@@ -147,28 +147,6 @@ class _Notebooks:
         converted = {p: convert_parameters(parameters, declared[p], p.name) for p in notebooks}
         return cls(notebooks, parameters, sources, declared, converted)
 
-    def params_for(self, path: Path, run_root: Path) -> dict:
-        """``path``'s parameters, with a private ``work_dir`` under ``run_root`` when it declares one."""
-        nb_params = dict(self.converted[path])
-        if "work_dir" in self.declared[path] and "work_dir" not in self.parameters:
-            nb_params["work_dir"] = str(run_root / path.stem)
-        return nb_params
-
-
-@contextmanager
-def _work_root(keep: bool):
-    """The run's private temp folder: the notebooks' work dirs, the kernels' TMPDIR (``tmp/``) and
-    IPC sockets; removed at the end unless ``keep``."""
-    root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
-    try:
-        (root / "tmp").mkdir()
-        yield root
-    finally:
-        if keep:
-            print(f"work dirs kept under {root}")
-        else:
-            shutil.rmtree(root, ignore_errors=True)
-
 
 @dataclass
 class _Run:
@@ -197,7 +175,9 @@ class _Run:
             self.not_run(path)
             print(f"{where}: not run ({self.stop_reason(path)})")
             return
-        nb_params = self.selected.params_for(path, self.run_root)
+        nb_params = dict(self.selected.converted[path])  # and a private work_dir under run_root where it declares one
+        if "work_dir" in self.selected.declared[path] and "work_dir" not in self.selected.parameters:
+            nb_params["work_dir"] = str(self.run_root / path.stem)
         out_path = self.output_dir / path.name
         print(f"{where}: running ...")
         start = time.monotonic()
@@ -256,7 +236,7 @@ class _Run:
 
 
 def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | None = None, *, kernel: str = DEFAULT_KERNEL,
-                  timeout: float | None = 1800, keep_work: bool = False, info: DeviceInfo | None = None) -> RunReport:
+                  timeout: float | None = CELL_TIMEOUT_S, keep_work: bool = False, info: DeviceInfo | None = None) -> RunReport:
     """Run ``notebooks`` one after the other, each in a fresh kernel, and judge their checks.
 
     ``parameters``: name -> value; a text value (``-p``) is converted per notebook by the type
@@ -269,19 +249,25 @@ def run_notebooks(notebooks: list[Path], output_dir: Path, parameters: dict | No
     info = info or detect_for_kernel(kernel)
     exe, env = kernel_python(kernel)
     needs = {"deepspeed": finds(exe, "deepspeed", {**os.environ, **env}),
-             "network": os.environ.get("NBTOOLS_NETWORK") == "1"}
+             "network": os.environ.get(NETWORK_ENV) == "1"}
     output_dir = Path(output_dir).resolve()  # kernels run in the notebooks' folders: a relative path would move
     output_dir.mkdir(parents=True, exist_ok=True)
     report = RunReport(device={**info.to_dict(), **needs}, parameters=selected.parameters,  # needs: what the pin weighed
                        started=time.strftime("%Y-%m-%dT%H:%M:%S%z"), kernel=kernel)
     t0 = time.monotonic()
     with contextlib.ExitStack() as stack:  # on the way out: unused kernels, then leftovers, then the work dirs
-        run_root = stack.enter_context(_work_root(keep_work))
+        # the run's private temp folder: the notebooks' work dirs, the kernels' TMPDIR (tmp/) and IPC sockets
+        run_root = Path(tempfile.mkdtemp(prefix="nbtools-run-"))
+        if keep_work:
+            stack.callback(print, f"work dirs kept under {run_root}")
+        else:
+            stack.callback(shutil.rmtree, run_root, ignore_errors=True)
+        (run_root / "tmp").mkdir()
         stopper = stack.enter_context(Stopper())
         # Kernels reuse this probe instead of re-running it; whatever they leave in TMPDIR goes with run_root.
         kernel_env = {CACHE_ENV: json.dumps(info.raw), "TMPDIR": str(run_root / "tmp")}
         kernels = stack.enter_context(
-            KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), ipc_dir(run_root), kernel_env)
+            KernelsAhead(kernel, lambda p: output_dir / KERNEL_LOG.format(stem=p.stem), run_root / "k", kernel_env)
         )
         run = _Run(selected, report, info, output_dir, run_root, kernels, stopper, timeout, needs)
         for i, path in enumerate(notebooks, 1):

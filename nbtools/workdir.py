@@ -19,7 +19,9 @@ from .lang import msg
 
 _CREATED: set[Path] = set()  # work dirs this process created: the only ones it may remove
 _PERSISTENT: set[Path] = set()  # interactive work folders: kept so a learner can rerun the commands in a terminal
-UNATTENDED_ENV = "NBTOOLS_UNATTENDED"
+UNATTENDED_ENV = "NBTOOLS_UNATTENDED"  # set by the runner on every kernel it starts (kernels.KERNEL_ENV)
+SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, as JupyterLab 4 and the runner tell a kernel
+WORK = "work"  # the folder beside the notebooks that holds their interactive work folders (`nbtools reset` removes it)
 
 
 def unattended(environ=None) -> bool:
@@ -44,7 +46,7 @@ def unattended(environ=None) -> bool:
 def notebook_stem(environ=None) -> str:
     """The running notebook's name without folder and suffix (JupyterLab sets JPY_SESSION_NAME), else 'notebook'."""
     environ = os.environ if environ is None else environ
-    stem = Path(environ.get("JPY_SESSION_NAME", "").strip()).stem
+    stem = Path(environ.get(SESSION_ENV, "").strip()).stem
     return re.sub(r"[^\w.-]", "_", stem) or "notebook"
 
 
@@ -61,7 +63,7 @@ def work_dir(path: str | os.PathLike = "", keep: bool = False, prefix: str = "nb
     (and by ``cleanup``) unless ``keep``, so a failing run leaves nothing behind either.
     """
     if not path and persistent:
-        _PERSISTENT.add(p := _writable(Path(base or os.getcwd()) / "work" / notebook_stem(), ""))
+        _PERSISTENT.add(p := _writable(Path(base or os.getcwd()) / WORK / notebook_stem(), ""))
         return p
     existed = bool(path) and Path(path).expanduser().resolve().exists()
     p = _writable(path, str(path)) if path else Path(tempfile.mkdtemp(prefix=prefix)).resolve()

@@ -61,6 +61,19 @@ def test_a_kernel_started_ahead_is_warm_clean_and_on_ipc(kernels, tmp_path):
     assert _gone(pid) and not kc.channels_running
 
 
+def test_a_kernel_the_runner_starts_is_unattended_and_told_its_notebook(kernels, tmp_path):
+    """workdir's rules read what the runner hands a kernel: KERNEL_ENV makes it unattended (a private work folder,
+    removed at the end), and it is told its notebook's path as JupyterLab tells it (workdir.notebook_stem)."""
+    state = kernels.take(tmp_path / "03_big_model_inference.ipynb")
+    kc = state.km.client()
+    kc.start_channels()
+    run_sync(kc.wait_for_ready)(timeout=60)
+    seen = _run(kc, "import os\nfrom nbtools import workdir\n"
+                    "print(workdir.notebook_stem(), workdir.unattended(dict(os.environ, CI='')))")
+    assert seen.split() == ["03_big_model_inference", "True"]
+    kernels.close(state)
+
+
 def test_a_kernel_started_for_the_first_notebook_is_not_warmed(kernels, tmp_path):
     state = kernels.take(tmp_path / "00_first.ipynb")
     kc = state.km.client()

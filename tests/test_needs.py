@@ -8,7 +8,7 @@ import nbformat
 import pytest
 from conftest import NOTEBOOKS
 
-from nbtools.checks import NEEDS, VERDICT_MIME, Here, Status, check_ids, judge_checks, needs_of, verdict, verdict_in
+from nbtools.checks import NEEDS, NEEDS_PREFIX, VERDICT_MIME, Here, Status, check_ids, judge_checks, verdict, verdict_in
 from nbtools.device import from_probe
 from nbtools.lang import msg
 from nbtools.runner import here_for
@@ -137,7 +137,7 @@ def test_every_needs_tag_of_the_series_is_in_the_vocabulary():
     for path in sorted(Path(NOTEBOOKS).glob("*.ipynb")):
         for i, cell in enumerate(nbformat.read(path, as_version=4).cells):
             tags = cell.get("metadata", {}).get("tags", [])
-            for need in needs_of(tags):
+            for need in check_ids(tags, NEEDS_PREFIX):
                 assert check_ids(tags), f"{path.name} cell {i}: needs:{need} on a cell that is no check"
                 assert need.split("=")[0] in known, f"{path.name} cell {i}: unknown need {need!r}"
                 CPU.meets(need)  # raises on a malformed one (cards=x, param=)

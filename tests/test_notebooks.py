@@ -21,7 +21,7 @@ from conftest import (
 )
 
 from nbtools import detect
-from nbtools.checks import SEED_CHECKS, Here, Status, check_ids, judge_checks, needs_of
+from nbtools.checks import NEEDS_PREFIX, SEED_CHECKS, Here, Status, check_ids, judge_checks
 from nbtools.params import parameter_defaults
 from nbtools.runner import finds, here_for
 
@@ -101,7 +101,7 @@ def expected_verdicts(nb, here: Here) -> dict[str, Status]:
     for cell in nb.cells:
         tags = cell.get("metadata", {}).get("tags")
         for cid in check_ids(tags):
-            out[cid] = Status.SKIPPED if [n for n in needs_of(tags) if not here.meets(n)] else Status.PASSED
+            out[cid] = Status.SKIPPED if [n for n in check_ids(tags, NEEDS_PREFIX) if not here.meets(n)] else Status.PASSED
     return out
 
 

@@ -120,3 +120,12 @@ def test_padding_is_what_lies_past_n_in_the_gathered_order():
         [[False] * 4, [True] * 4],
     ]
     assert padding_marks(ONE, 10) == [[[False] * 4, [False] * 4, [False] * 2]]
+
+
+def test_block_keys_and_parse_kv_read_one_key_rule():
+    """A key may hold dots and dashes (``model.dtype=``, ``num-procs=``): the expected block's keys and the printed
+    pairs are read by the same rule (expected.KEY)."""
+    from nbtools.expected import parse_kv
+
+    line = "model.dtype=bf16 num-procs=2"
+    assert block_keys(line) == ["model.dtype"] and list(parse_kv(line)) == ["model.dtype", "num-procs"]

@@ -149,3 +149,14 @@ def test_a_source_install_of_accelerate_is_put_back(monkeypatch):
     monkeypatch.setattr(ps.metadata, "distribution", lambda name: FromGit())
     said = ps.accelerate_problem(accelerate_requirement())
     assert said == "Accelerate 1.15.0 was installed from https://github.com/huggingface/accelerate.git"
+
+
+def test_reset_names_the_folder_the_interactive_work_folders_are_made_in(tmp_path, monkeypatch, capsys):
+    """workdir.work_dir keeps a learner's work under <notebooks>/work/<stem>; reset removes that folder (a dry run
+    here: it only says so)."""
+    from nbtools import ps, workdir
+
+    monkeypatch.setenv(workdir.SESSION_ENV, str(tmp_path / "01_training.ipynb"))
+    made = workdir.work_dir(persistent=True, base=tmp_path)
+    ps.reset(tmp_path, dry_run=True)
+    assert f"would remove {made.parent} (1 work folder(s): 01_training)" in capsys.readouterr().out

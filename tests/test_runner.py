@@ -212,6 +212,18 @@ def test_kernels_run_unattended_and_in_utf8(series):
     assert "env={'NBTOOLS_UNATTENDED': '1', 'PYTHONIOENCODING': 'utf-8', 'PYTHONUTF8': '1'}" in text
 
 
+def test_run_network_lets_a_check_that_needs_the_network_pass(tmp_path):
+    """`run --network` tells the runner (NBTOOLS_NETWORK) that checks tagged needs:network are expected to run here;
+    without it, such a pass fails as unexpected."""
+    nb = make_nb(tmp_path / "00_net.ipynb", [PARAMS, ("import nbtools\nnbtools.passed('extra-net')", ["check:extra-net", "needs:network"])])
+    env = {k: v for k, v in os.environ.items() if k != "NBTOOLS_NETWORK"}
+    for flag, network, status in ((["--network"], True, "passed"), ([], False, "failed")):
+        run_cli(*flag, str(nb), "--output", str(tmp_path / f"out{network}"), env=env)
+        report = json.loads((tmp_path / f"out{network}" / "report.json").read_text(encoding="utf-8"))
+        assert report["device"]["network"] is network
+        assert {c["id"]: c["status"] for c in report["checks"]}["extra-net"] == status, report["checks"]
+
+
 def test_kernels_get_the_runs_tmpdir_and_its_device_probe(series):
     """Given to each kernel (its env at start), not set in the runner's own environment."""
     _, out, _, _ = series
