@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from .device import CANN_FIX
 from .errors import LaunchError
-from .expected import parse_kv
+from .expected import KEY, parse_kv
 
 # The quick-start's doc-test engine fails a run whose output holds any of these.
 ERROR_MARKERS = ("Traceback (most recent call last)", "[ERROR]", "ERR99999")
@@ -50,11 +50,17 @@ _WARNING_START = re.compile(
 
 
 def unglue_warning(line: str) -> str:
-    """``line`` with a warning glued into its middle moved onto a line of its own."""
+    """``line`` with a warning glued into its middle moved onto a line of its own; likewise a rank's ``key=value`` line
+    glued to the end of another rank's that begins with the same key (ranks printing the same line at once:
+    ``norm_dtype=torch.float32norm_dtype=torch.float32``)."""
     m = _WARNING_START.search(line)
-    if m is None or m.start() == 0 or line[m.start() - 1].isspace():
-        return line
-    return line[: m.start()] + "\n" + line[m.start():]
+    if m is not None and m.start() > 0 and not line[m.start() - 1].isspace():
+        return line[: m.start()] + "\n" + line[m.start():]
+    key = re.match(f"{KEY}=", line)
+    again = line.find(key.group(), key.end()) if key else -1
+    while again > 0 and not line[again - 1].isalnum():  # `a=1 a=2` or `p=x/p=y`: written so, not glued
+        again = line.find(key.group(), again + 1)
+    return line if again <= 0 else line[:again] + "\n" + unglue_warning(line[again:])
 
 
 @dataclass

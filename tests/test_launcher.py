@@ -246,6 +246,15 @@ def test_torchs_cpp_warning_written_into_another_ranks_line_is_put_on_its_own(wa
     assert unglue_warning(warning) == warning and unglue_warning(f"x {warning}") == f"x {warning}"
 
 
+def test_ranks_printing_the_same_key_line_at_once_are_put_on_lines_of_their_own():
+    # 08b on the simulated NPU: every rank prints norm_dtype=... as it ends; print() writes the text and its newline
+    # separately, so one rank's line landed at the end of another's (and the check read `torch.float32norm_dtype=...`)
+    glued = "norm_dtype=torch.float32norm_dtype=torch.float32norm_dtype=torch.bfloat16\n"
+    assert unglue_warning(glued) == "norm_dtype=torch.float32\nnorm_dtype=torch.float32\nnorm_dtype=torch.bfloat16\n"
+    for written in ("a=1 a=2\n", "path=/x/path=y\n", "device=npu loss=0.5\n", "no key here\n"):
+        assert unglue_warning(written) == written
+
+
 def test_output_streams_while_the_command_runs(python, tmp_path, capsys):
     code = "import time\nprint('first', flush=False)\ntime.sleep(2)\nprint('second')"
     stamps = []
