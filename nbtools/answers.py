@@ -39,7 +39,7 @@ from pathlib import Path
 
 import nbformat
 
-from .checks import Status, check_ids, judge_checks
+from .checks import check_ids, judge_checks, verdict
 from .errors import ParameterError
 from .lang import of_metadata
 from .lint import exercise_cells, words
@@ -163,7 +163,7 @@ def collect(notebooks: list[Path], folder: Path) -> list[Answer]:
 def judge(answer: Answer, verdicts: dict[str, tuple[str, str]]) -> None:
     """Compare the variant's check verdicts (id -> (status, reason)) with what the answer expects."""
     for check_id, want in answer.spec["expect"].items():
-        status, reason = verdicts.get(check_id, (Status.MISSING, "the variant has no such check"))
+        status, reason = verdicts.get(check_id) or verdict(None, check_id)  # the variant has no such check: missing
         kind, _, pattern = want.partition(":")
         if status != kind.strip():
             answer.problems.append(f"{check_id}: expected {want!r}, got {status} ({reason[:300]})")

@@ -293,17 +293,13 @@ def read_launch_config(path: str) -> dict:
     return config
 
 
-def _quote(word: str) -> str:
-    """Shell quoting that keeps a ``python -c`` program readable: double quotes where they suffice."""
-    plain = shlex.quote(word)
-    return plain if plain == word or any(c in word for c in '"\\$`') else f'"{word}"'
-
-
 def shell_line(argv: list[str], env: dict[str, str | None] | None = None) -> str:
-    """A command line as a learner would type it (env prefix included; None values are not shown),
-    programs kept readable: the one shell quoting of nbtools."""
-    prefix = " ".join(f"{k}={_quote(v)}" for k, v in (env or {}).items() if v is not None)
-    return (prefix + " " if prefix else "") + " ".join(_quote(w) for w in argv)
+    """A command line as a learner would type it (env prefix included; None values are not shown), programs kept
+    readable: the one shell quoting of nbtools (shlex's, with double quotes where they suffice, as for a ``python -c``
+    program)."""
+    words = [*((f"{k}=", v) for k, v in (env or {}).items() if v is not None), *(("", w) for w in argv)]
+    return " ".join(name + (q if (q := shlex.quote(w)) == w or any(c in w for c in '"\\$`') else f'"{w}"')
+                    for name, w in words)
 
 
 @cache
@@ -511,9 +507,13 @@ def launch_spec(call: LaunchCall, *, info: DeviceInfo | None = None, device: str
     started = {k: v for k, v in interactive_settings().items() if k not in run_env}  # a written value is kept
     unset = [k for k in os.environ if k.startswith("ACCELERATE_") and k not in run_env]  # they would change it
     folder = str(cwd if cwd is not None else os.getcwd())
-    # With a config file `accelerate launch` no longer picks MULTI_NPU by itself for N processes on N NPUs: on NPU
-    # the file says it; elsewhere the route's flags decide.
-    config, files = launch_config(route.distributed_type if route.kind == "npu" else "NO", folder, call)
+    # The config file: the learner's own as written, else Accelerate's defaults in a file in the launch's folder (the
+    # printed command runs as printed; in a private folder, named absolutely, where it is read-only). With a config file
+    # `accelerate launch` no longer picks MULTI_NPU by itself for N processes on N NPUs: on NPU the file says it.
+    kind, used = route.distributed_type if route.kind == "npu" else "NO", writable(folder, "nbtools-accelerate-")
+    name, text = f"accelerate_config_{kind.lower()}.json", json.dumps(dict(NEUTRAL_CONFIG, distributed_type=kind), indent=2)
+    config = [] if call.config_file else ["--config_file", name if used == Path(folder) else str(used / name)]
+    files = () if call.config_file else ((str((used / name).absolute()), text + "\n"),)
     notes = ((f"[nbtools] NOTE {route.note}",) if route.fallback else ()) + (
         ("[nbtools] " + msg("launcher.unset", names=", ".join(sorted(unset))),) if unset else ())
     mode = [f for f in cpu_route(route.num_processes)[1] if f not in call.flag_words] if machine else []
@@ -555,19 +555,6 @@ def why_line(spec: LaunchSpec, route: str, started: dict, precision: str, asked:
     why.append(msg("launcher.default_config") if call.config_file is None else msg("launcher.your_config", file=call.config_file,
                kind=kind) + (msg("launcher.ddp_on_cpu", kind=kind) if spec.kind == "cpu" and kind in ("FSDP", "DEEPSPEED") else ""))
     return msg("sep").join(w for w in [*why, gave] if w)
-
-
-def launch_config(distributed_type: str, folder: str, call: LaunchCall) -> tuple[list[str], tuple[tuple[str, str], ...]]:
-    """(flags, files): the learner's own --config_file as written (no file), else ``["--config_file", NAME]`` and the
-    file NAME holds, Accelerate's defaults with ``distributed_type``, kept in ``folder`` (the launch's working
-    directory) so that the printed command runs as printed; in a private folder, named absolutely, where ``folder``
-    is read-only."""
-    if call.config_file:
-        return [], ()
-    name = f"accelerate_config_{distributed_type.lower()}.json"
-    text = json.dumps(dict(NEUTRAL_CONFIG, distributed_type=distributed_type), indent=2) + "\n"
-    used = writable(folder, "nbtools-accelerate-")
-    return ["--config_file", name if used == Path(folder) else str(used / name)], ((str((used / name).absolute()), text),)
 
 
 def interactive_settings() -> dict[str, str | None]:

@@ -26,7 +26,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import proctree
@@ -110,26 +110,32 @@ def settle(result: CommandResult | None, check: bool) -> CommandResult | None:
     return result
 
 
+@dataclass
 class _Output:
-    """The guardian's output, read by a thread as it comes: kept, and echoed to ``out`` if given."""
+    """The guardian's output, read by a thread (``pump``, started by ``_stream``) as it comes: kept, and echoed to
+    ``out`` if given."""
 
-    def __init__(self, proc: subprocess.Popen, out):
-        self.proc, self.out = proc, out
-        self.lines: list[str] = []
-        self.eof = False
-        self._q: queue.Queue = queue.Queue()
-        self._reader = threading.Thread(target=self._pump, daemon=True)
-        self._reader.start()
+    proc: subprocess.Popen
+    out: object  # a text stream, or None: kept, not echoed
+    reader: threading.Thread | None = None
+    lines: list[str] = field(default_factory=list)
+    eof: bool = False
+    _q: queue.Queue = field(default_factory=queue.Queue)
 
-    def _pump(self) -> None:
+    def pump(self) -> None:
         assert self.proc.stdout is not None
         for raw in iter(self.proc.stdout.readline, b""):
             self._q.put(raw.decode("utf-8", errors="replace"))
         self._q.put(None)
 
-    def read(self, wait: float | None = 0.1, echo: bool = True) -> None:
+    def read(self, wait: float | None = 0.1, echo: bool = True, last: bool = False) -> None:
         """Take every line that has come, waiting up to ``wait`` s for the first (None: not waiting); after
-        end-of-file, wait up to ``wait`` s for the guardian to exit instead."""
+        end-of-file, wait up to ``wait`` s for the guardian to exit instead. ``last``: the reader joined first and the
+        pipe closed (unless something still holds it), then what is left taken."""
+        if last and self.reader is not None:
+            self.reader.join(timeout=5)
+            if not self.reader.is_alive() and self.proc.stdout:  # else something still holds the pipe
+                self.proc.stdout.close()
         if self.eof:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(timeout=wait or 0)
@@ -145,13 +151,6 @@ class _Output:
                 item = self._q.get_nowait()
             self.eof = True
 
-    def close(self, echo: bool = True) -> None:
-        """The reader joined, the pipe closed (unless something still holds it), and what is left taken."""
-        self._reader.join(timeout=5)
-        if not self._reader.is_alive() and self.proc.stdout:  # else something still holds the pipe
-            self.proc.stdout.close()
-        self.read(None, echo)
-
 
 def _stream(argv, env, cwd, timeout, offline: bool, shown: Shown, command: str) -> CommandResult:
     """Start ``argv`` under a guardian (guardian.py), pump its output, stop its tree on any way out; the result
@@ -163,6 +162,8 @@ def _stream(argv, env, cwd, timeout, offline: bool, shown: Shown, command: str) 
     start = time.monotonic()
     proc = _guarded(argv, full_env, cwd, stdout=subprocess.PIPE)
     output = _Output(proc, out if shown.echo else None)
+    output.reader = threading.Thread(target=output.pump, daemon=True)
+    output.reader.start()
     deadline = None if timeout is None else start + timeout
     try:
         while not output.eof or proc.poll() is None:
@@ -177,7 +178,7 @@ def _stream(argv, env, cwd, timeout, offline: bool, shown: Shown, command: str) 
     finally:
         if proc.poll() is None:  # any other way out of the loop (an exception while printing, ...)
             _halt(proc)
-        output.close()
+        output.read(None, last=True)
         shutil.rmtree(full_env["TMPDIR"], ignore_errors=True)
     status = _status(proc)
     if status.get("returncode") is None:
@@ -194,7 +195,7 @@ def _stop_at_timeout(proc, output: _Output, argv, start, timeout, shown: Shown, 
     output.read(None)
     before = "".join(output.lines)  # what it printed before we stopped it
     status = _halt(proc)
-    output.close(echo=False)
+    output.read(None, echo=False, last=True)
     text = "".join(output.lines)
     result = CommandResult(command, list(argv), -9, text, time.monotonic() - start,
                            killed=status.get("killed") or [], as_written=shown.as_written, clean=text)

@@ -39,7 +39,8 @@ from jupyter_client import AsyncKernelClient, AsyncKernelManager, protocol_versi
 from jupyter_core.utils import run_sync
 
 from .errors import NbtoolsError
-from .workdir import SESSION_ENV, UNATTENDED_ENV
+from .lang import SESSION_ENV
+from .workdir import UNATTENDED_ENV
 
 # What every kernel the runner starts gets in its environment: the notebooks' work-folder rule
 # reads UNATTENDED_ENV (a private temporary folder, removed at the end); the other two make

@@ -18,6 +18,7 @@ from pathlib import Path
 
 CATALOGUES = Path(__file__).parent / "messages"
 DEFAULT = "zh"
+SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, as JupyterLab 4 and the runner tell a kernel (workdir names by it)
 try:
     _STARTED_IN = Path.cwd()  # at import, before the setup cell moves into a work folder
 except OSError:
@@ -57,7 +58,7 @@ def current() -> str:
     """The language of the notebook this process runs for (NBTOOLS_LANG, JPY_SESSION_NAME, the start folder)."""
     if lang := os.environ.get("NBTOOLS_LANG"):
         return known(lang)
-    return of_notebook(os.environ.get("JPY_SESSION_NAME") or str(_STARTED_IN / "_"))
+    return of_notebook(os.environ.get(SESSION_ENV) or str(_STARTED_IN / "_"))
 
 
 def msg(key: str, lang: str | None = None, /, **values) -> str:

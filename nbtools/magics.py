@@ -20,7 +20,7 @@ import re
 import shlex
 import sys
 
-from IPython.core.magic import Magics, line_cell_magic, line_magic, magics_class
+from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from . import commands, session
 from .decide import DEFAULT_TIMEOUT_S, FROM_SESSION, launch_spec, parse_launch
@@ -100,8 +100,9 @@ def run_written(text: str) -> CommandResult:
 
 
 def run_launch(text: str) -> CommandResult:
-    """``%launch``: a written ``accelerate launch``, decided by decide.launch_spec (what is not written comes from
-    the session) and run by guarded.launch."""
+    """``r = %launch ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 ... train_npu.py``: a written
+    ``accelerate launch``, decided by decide.launch_spec (what is not written comes from the session) and run by
+    guarded.launch. It is the ``%launch`` magic itself (``register``), so a launch enters no other frame here."""
     written = (call := parse_launch(text)).command
     spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
     result = launch(spec, check=not written.allow_fail, offline=not written.online, background=written.background)
@@ -126,17 +127,13 @@ class CommandMagics(Magics):
             self.shell.user_ns[name] = result
         return None
 
-    @line_magic
-    def launch(self, line: str):
-        """``r = %launch ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 ... train_npu.py``."""
-        return run_launch(line)
-
 
 def register(ip) -> None:
     """Register the magics on an IPython shell and make ``nbtools`` importable by name in it."""
     import nbtools
 
     ip.register_magics(CommandMagics)
+    ip.register_magic_function(run_launch, "line", "launch")
     ip.user_ns.setdefault("nbtools", nbtools)
 
 

@@ -138,7 +138,12 @@ class _Notebooks:
 
     @classmethod
     def read(cls, notebooks: list[Path], parameters: dict) -> _Notebooks:
-        """Raises ParameterError for a parameter no notebook declares or a value that does not convert."""
+        """Raises ParameterError for two notebooks of one name (a notebook and its English twin: their executed copies,
+        kernel logs and report entries would share that name), a parameter no notebook declares or a value that does
+        not convert."""
+        if twice := sorted({p.name for p in notebooks if [q.name for q in notebooks].count(p.name) > 1}):
+            raise ParameterError(f"{', '.join(twice)}: two notebooks of one name in one run (their executed copies and "
+                                 "reports would share it); run each edition in its own `nbtools run -o DIR`")
         sources = {p: nbformat.read(p, as_version=4) for p in notebooks}
         declared = {p: parameter_defaults(p) for p in notebooks}
         if unknown := [k for k in parameters if not any(k in d for d in declared.values())]:

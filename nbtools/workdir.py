@@ -15,12 +15,11 @@ import tempfile
 from pathlib import Path
 
 from .errors import ParameterError
-from .lang import msg
+from .lang import SESSION_ENV, msg
 
 _CREATED: set[Path] = set()  # work dirs this process created: the only ones it may remove
 _PERSISTENT: set[Path] = set()  # interactive work folders: kept so a learner can rerun the commands in a terminal
 UNATTENDED_ENV = "NBTOOLS_UNATTENDED"  # set by the runner on every kernel it starts (kernels.KERNEL_ENV)
-SESSION_ENV = "JPY_SESSION_NAME"  # the notebook's path, as JupyterLab 4 and the runner tell a kernel
 WORK = "work"  # the folder beside the notebooks that holds their interactive work folders (`nbtools reset` removes it)
 
 

@@ -120,6 +120,13 @@ def test_judge_compares_status_and_reason():
     assert [p.split(":")[0] for p in a.problems] == ["c2", "c3"], a.problems
 
 
+def test_judge_calls_a_check_the_variant_lacks_missing_as_the_one_judge_does(monkeypatch):
+    monkeypatch.setenv("NBTOOLS_LANG", "en")
+    a = Answer(None, 1, {"expect": {"gone": "passed"}})
+    judge(a, {"notebook": ("passed", "")})
+    assert a.problems == ["gone: expected 'passed', got missing (no cell is tagged check:gone)"], a.problems
+
+
 def test_every_committed_answer_still_applies_to_its_lesson(tmp_path):
     answers = collect(discover(None), tmp_path)
     assert answers, "no notebook declares an answer to run"

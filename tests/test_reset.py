@@ -154,9 +154,9 @@ def test_a_source_install_of_accelerate_is_put_back(monkeypatch):
 def test_reset_names_the_folder_the_interactive_work_folders_are_made_in(tmp_path, monkeypatch, capsys):
     """workdir.work_dir keeps a learner's work under <notebooks>/work/<stem>; reset removes that folder (a dry run
     here: it only says so)."""
-    from nbtools import ps, workdir
+    from nbtools import lang, ps, workdir
 
-    monkeypatch.setenv(workdir.SESSION_ENV, str(tmp_path / "01_training.ipynb"))
+    monkeypatch.setenv(lang.SESSION_ENV, str(tmp_path / "01_training.ipynb"))
     made = workdir.work_dir(persistent=True, base=tmp_path)
     ps.reset(tmp_path, dry_run=True)
     assert f"would remove {made.parent} (1 work folder(s): 01_training)" in capsys.readouterr().out

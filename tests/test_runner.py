@@ -313,6 +313,18 @@ def test_unconvertible_value_is_refused_before_any_kernel_starts(tmp_path):
     assert not (tmp_path / "ran").exists() and not out.exists()
 
 
+def test_a_notebook_and_its_twin_of_one_name_are_refused_before_running(tmp_path):
+    """A Chinese notebook and its English twin share a file name: one run would write both executed copies to one file."""
+    make_nb(tmp_path / "00_x.ipynb", [PARAMS, ("open('ran', 'w').write('yes')", [])])
+    (tmp_path / "en").mkdir()
+    make_nb(tmp_path / "en" / "00_x.ipynb", [PARAMS])
+    out = tmp_path / "o"
+    proc = run_cli(str(tmp_path / "00_x.ipynb"), str(tmp_path / "en" / "00_x.ipynb"), "--output", str(out))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "00_x.ipynb: two notebooks of one name in one run" in proc.stderr and "nbtools run -o DIR" in proc.stderr
+    assert not (tmp_path / "ran").exists() and not out.exists()
+
+
 @pytest.mark.parametrize(
     "default, text, value",
     [
