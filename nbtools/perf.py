@@ -1,4 +1,4 @@
-"""What notebook 09 reads from its workers: an out-of-memory message's numbers, a profiler trace's top operators,
+"""What notebooks 09 and 09b read from their workers: an out-of-memory message's numbers, a profiler trace's top operators,
 and model FLOPs utilisation where a card's published peak is known.
 
 - ``read_oom``: the sizes in a caching allocator's "out of memory" message (torch_npu's "NPU out of memory", torch's

@@ -1,7 +1,7 @@
 """What a lesson rebuilds offline in seconds: a stand-in for a downloaded chat model (``save_base``: a tiny Llama
 with a character tokenizer, or Qwen2 with a byte-level BPE tokenizer and Qwen's chat template, saved as a Hugging
 Face folder that ``from_pretrained`` loads like a real one), and another lesson's scripts (``lesson_scripts``:
-07b and 08b write 07's and 08's ``%%writefile`` cells as those lessons do, without running them)."""
+07b, 08b and 09b write 07's, 08's and 09's ``%%writefile`` cells as those lessons do, without running them)."""
 
 from __future__ import annotations
 
