@@ -100,9 +100,10 @@ def run_written(text: str) -> CommandResult:
 
 
 def run_launch(text: str) -> CommandResult:
-    """``r = %launch ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 ... train_npu.py``: a written
-    ``accelerate launch``, decided by decide.launch_spec (what is not written comes from the session) and run by
-    guarded.launch. It is the ``%launch`` magic itself (``register``), so a launch enters no other frame here."""
+    """``r = %launch ASCEND_RT_VISIBLE_DEVICES=0,1 accelerate launch --num_processes 2 ... train_npu.py``: runs the
+    written ``accelerate launch`` the way this machine needs it (what is not written comes from ``nbtools.setup``),
+    prints what really runs and why, and returns its ``CommandResult``."""
+    # The %launch magic itself (register): decided by decide.launch_spec, run by guarded.launch.
     written = (call := parse_launch(text)).command
     spec = launch_spec(call, timeout=written.timeout or FROM_SESSION, fit=written.fit)
     result = launch(spec, check=not written.allow_fail, offline=not written.online, background=written.background)
